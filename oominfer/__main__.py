@@ -1,0 +1,5 @@
+"""``python -m oominfer``."""
+
+from oominfer.cli import main
+
+main()
