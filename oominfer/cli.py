@@ -43,8 +43,9 @@ class OominferGroup(click.Group):
             ctx.exit(int(ExitStatus.INTERRUPTED))
 
 
-@click.group(cls=OominferGroup, context_settings={"help_option_names": ["-h", "--help"]},
-             help=__doc__)  # fmt: skip
+@click.group(
+    cls=OominferGroup, context_settings={"help_option_names": ["-h", "--help"]}, help=__doc__
+)
 @click.version_option(__version__, prog_name="oominfer")
 def main() -> None:
     """Make a large language model fit the GPU you have."""
@@ -52,40 +53,74 @@ def main() -> None:
 
 def hardware_options(f: F) -> F:
     """--gpu, --gpus, --gpu-memory."""
-    f = click.option("--gpu-memory", metavar="SIZE",
-                     help="GPU memory for a GPU not in the catalog, e.g. 24GiB.")(f)  # fmt: skip
-    f = click.option("--gpus", type=click.IntRange(min=1), default=1, show_default=True,
-                     help="GPUs of this kind.")(f)  # fmt: skip
-    f = click.option("--gpu", metavar="NAME",
-                     help="GPU kind (see `oominfer gpus`); default: the detected GPU, else L4.")(f)  # fmt: skip
+    f = click.option(
+        "--gpu-memory", metavar="SIZE", help="GPU memory for a GPU not in the catalog, e.g. 24GiB."
+    )(f)
+    f = click.option(
+        "--gpus",
+        type=click.IntRange(min=1),
+        default=1,
+        show_default=True,
+        help="GPUs of this kind.",
+    )(f)
+    f = click.option(
+        "--gpu",
+        metavar="NAME",
+        help="GPU kind (see `oominfer gpus`); default: the detected GPU, else L4.",
+    )(f)
     return f
 
 
 def settings_options(f: F) -> F:
     """The engine flags, under vLLM's names and with vLLM's defaults."""
     options = [
-        click.option("--dtype", type=click.Choice(get_args(Dtype)), default=DEFAULTS.dtype,
-                     show_default=True),
+        click.option(
+            "--dtype", type=click.Choice(get_args(Dtype)), default=DEFAULTS.dtype, show_default=True
+        ),
         click.option("--quantization", "-q", type=click.Choice(get_args(Quantization))),
-        click.option("--kv-cache-dtype", type=click.Choice(get_args(KvCacheDtype)),
-                     default=DEFAULTS.kv_cache_dtype, show_default=True),
-        click.option("--gpu-memory-utilization", type=float,
-                     default=DEFAULTS.gpu_memory_utilization, show_default=True),
+        click.option(
+            "--kv-cache-dtype",
+            type=click.Choice(get_args(KvCacheDtype)),
+            default=DEFAULTS.kv_cache_dtype,
+            show_default=True,
+        ),
+        click.option(
+            "--gpu-memory-utilization",
+            type=float,
+            default=DEFAULTS.gpu_memory_utilization,
+            show_default=True,
+        ),
         click.option("--max-model-len", type=int, help="Default: from config.json."),
         click.option("--max-num-seqs", type=int, help="Default: vLLM's for the GPU."),
         click.option("--max-num-batched-tokens", type=int, help="Default: vLLM's for the GPU."),
         click.option("--enforce-eager", is_flag=True, default=DEFAULTS.enforce_eager),
-        click.option("--tensor-parallel-size", "-tp", type=int,
-                     default=DEFAULTS.tensor_parallel_size, show_default=True),
-        click.option("--pipeline-parallel-size", "-pp", type=int,
-                     default=DEFAULTS.pipeline_parallel_size, show_default=True),
-        click.option("--cpu-offload-gb", type=float, default=DEFAULTS.cpu_offload_gb,
-                     show_default=True),
-        click.option("--kv-cache-memory-bytes", type=str, metavar="SIZE",
-                     help="Fix the KV cache size instead of deriving it (e.g. 4GiB)."),
-        click.option("--engine", type=click.Choice(get_args(Engine)), default="vllm",
-                     show_default=True),
-    ]  # fmt: skip
+        click.option(
+            "--tensor-parallel-size",
+            "-tp",
+            type=int,
+            default=DEFAULTS.tensor_parallel_size,
+            show_default=True,
+        ),
+        click.option(
+            "--pipeline-parallel-size",
+            "-pp",
+            type=int,
+            default=DEFAULTS.pipeline_parallel_size,
+            show_default=True,
+        ),
+        click.option(
+            "--cpu-offload-gb", type=float, default=DEFAULTS.cpu_offload_gb, show_default=True
+        ),
+        click.option(
+            "--kv-cache-memory-bytes",
+            type=str,
+            metavar="SIZE",
+            help="Fix the KV cache size instead of deriving it (e.g. 4GiB).",
+        ),
+        click.option(
+            "--engine", type=click.Choice(get_args(Engine)), default="vllm", show_default=True
+        ),
+    ]
     for option in reversed(options):
         f = option(f)
     return f
@@ -138,8 +173,16 @@ def build_hardware(gpu: str | None, gpus: int, gpu_memory: str | None) -> Any:
 @settings_options
 @click.option("--revision", help="Hub revision (forces a Hub lookup).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON on stdout.")
-def estimate(model: str, gpu: str | None, gpus: int, gpu_memory: str | None, revision: str | None,
-             as_json: bool, engine: str, **opts: Any) -> None:  # fmt: skip
+def estimate(
+    model: str,
+    gpu: str | None,
+    gpus: int,
+    gpu_memory: str | None,
+    revision: str | None,
+    as_json: bool,
+    engine: str,
+    **opts: Any,
+) -> None:
     """Estimate the memory MODEL needs on a GPU, offline, in well under a second.
 
     MODEL is a local folder, a Hugging Face id, or a catalog name (`oominfer models`).
@@ -184,15 +227,27 @@ def list_gpus(as_json: bool) -> None:
 
     rows = catalog()
     if as_json:
-        click.echo(json.dumps([
-            {"name": g.name, "memory_bytes": g.memory_bytes, "cuda_total_bytes": g.cuda_total_bytes,
-             "compute_capability": list(g.compute_capability), "product_label": g.product_label}
-            for g in rows
-        ], indent=2))  # fmt: skip
+        click.echo(
+            json.dumps(
+                [
+                    {
+                        "name": g.name,
+                        "memory_bytes": g.memory_bytes,
+                        "cuda_total_bytes": g.cuda_total_bytes,
+                        "compute_capability": list(g.compute_capability),
+                        "product_label": g.product_label,
+                    }
+                    for g in rows
+                ],
+                indent=2,
+            )
+        )
         return
     for g in rows:
         cc = ".".join(map(str, g.compute_capability))
-        click.echo(f"{g.name:<32} {g.cuda_total_bytes / GiB:7.2f} GiB  cc {cc:<5} {g.product_label}")
+        click.echo(
+            f"{g.name:<32} {g.cuda_total_bytes / GiB:7.2f} GiB  cc {cc:<5} {g.product_label}"
+        )
 
 
 @main.command("models")

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from oominfer.gpus import CUDA_RESERVED_BYTES, GpuSpec, find_gpu
+import contextlib
+
 from oominfer.errors import UnknownGpuError
+from oominfer.gpus import CUDA_RESERVED_BYTES, GpuSpec, find_gpu
 
 
 def detect_gpus() -> list[GpuSpec]:
@@ -43,7 +45,5 @@ def detect_gpus() -> list[GpuSpec]:
     except pynvml.NVMLError:
         return []
     finally:
-        try:
+        with contextlib.suppress(pynvml.NVMLError):
             pynvml.nvmlShutdown()
-        except pynvml.NVMLError:
-            pass

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -58,6 +58,9 @@ GRAPH_BYTES_PER_LAYER_AND_SIZE: Final = 950 * 1024
 TRANSFORMERS_OVERHEAD_BYTES: Final = 512 * MiB
 
 
+CURRENT_RELEASE: Final = (0, 32)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EngineVersion:
     """What changed between vLLM releases that moves the memory split."""
@@ -68,20 +71,27 @@ class EngineVersion:
     graphs_in_budget: bool
     """CUDA-graph memory is estimated and subtracted before KV sizing (0.21+)."""
     model_runner_v2: bool
+    mla_latent: bool
+    """MLA models cache the compressed latent (0.7+); before, K and V were expanded."""
+    always_chunked_prefill: bool
+    """V1 always chunks prefill; V0 did only past 32k tokens of context, and otherwise
+    profiled a forward pass over max(max_model_len, max_num_batched_tokens) tokens."""
     """The V2 model runner (default in 0.32): its dummy sampler keeps only the logits in the
     model dtype; the V1 runner's also makes fp32 logits, probabilities and noise."""
 
     @classmethod
     def parse(cls, version: str) -> EngineVersion:
         """``0.32.0``, ``0.7.2 (V0 engine)`` -> the behaviour of that release."""
-        digits = [int(x) for x in re.findall(r"\d+", version)[:2]] or [0, 32]
-        release = (digits[0], digits[1] if len(digits) > 1 else 0)
+        m = re.search(r"(?<![\d.])(\d)\.(\d+)", version)
+        release = (int(m.group(1)), int(m.group(2))) if m else CURRENT_RELEASE
         v1 = release >= (0, 8) and "v0" not in version.lower()
         return cls(
             release=release,
             v1=v1,
             graphs_in_budget=release >= (0, 21),
             model_runner_v2=release >= (0, 32),
+            mla_latent=release >= (0, 7),
+            always_chunked_prefill=v1,
         )
 
     @property
@@ -91,6 +101,7 @@ class EngineVersion:
 
 
 CURRENT_VLLM: Final = EngineVersion.parse("0.32.0")
+assert CURRENT_VLLM.release == CURRENT_RELEASE
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -140,8 +151,11 @@ class MemoryBreakdown:
     @property
     def non_kv_bytes(self) -> int:
         """Everything but the KV cache."""
-        return self.weights_bytes + self.activation_bytes + self.non_torch_bytes + (
-            self.cuda_graph_bytes
+        return (
+            self.weights_bytes
+            + self.activation_bytes
+            + self.non_torch_bytes
+            + (self.cuda_graph_bytes)
         )
 
     @property
@@ -236,7 +250,9 @@ def weights_bytes(spec: ModelSpec, *, dtype: str, quantization: str | None = Non
     return int(rest * elem + linear_bytes + experts * quant)
 
 
-def kv_bytes_per_token_layer(spec: ModelSpec, *, kv_bytes: int, tp: int) -> int:
+def kv_bytes_per_token_layer(
+    spec: ModelSpec, *, kv_bytes: int, tp: int, version: EngineVersion = CURRENT_VLLM
+) -> int:
     """KV-cache bytes one token takes in one attention layer on one GPU.
 
     Standard attention: 2 (K and V) x kv_heads x head_dim x bytes, the heads split across
@@ -246,6 +262,10 @@ def kv_bytes_per_token_layer(spec: ModelSpec, *, kv_bytes: int, tp: int) -> int:
     """
     if spec.is_mla:
         assert spec.kv_lora_rank is not None and spec.qk_rope_head_dim is not None
+        if not version.mla_latent:
+            # vLLM < 0.7 expanded K and V per head, V padded to the QK head size.
+            qk = (spec.qk_nope_head_dim or spec.head_dim) + spec.qk_rope_head_dim
+            return 2 * max(1, spec.num_attention_heads // tp) * qk * kv_bytes
         return (spec.kv_lora_rank + spec.qk_rope_head_dim) * kv_bytes
     heads = max(1, spec.num_kv_heads // tp)
     return 2 * heads * spec.head_dim * kv_bytes
@@ -267,9 +287,9 @@ def _weights_per_gpu(
         return max(0, total // tp - offload)
     p = spec.params
     layers = _layers_on_busiest_stage(spec, pp)
-    share = (p.embedding + sum(
-        p.layer_linear[i] + p.layer_experts[i] + p.layer_other[i] for i in layers
-    )) / p.total  # fmt: skip
+    share = (
+        p.embedding + sum(p.layer_linear[i] + p.layer_experts[i] + p.layer_other[i] for i in layers)
+    ) / p.total
     return max(0, int(total * share) // tp - offload)
 
 
@@ -344,6 +364,8 @@ def estimate(
     default_tokens, default_seqs = vllm_defaults(gpu, device=device, world_size=s.world_size)
     seqs = s.max_num_seqs or default_seqs
     batched = s.max_num_batched_tokens or min(default_tokens, seqs * max_len)
+    if not version.always_chunked_prefill and max_len <= 32768:
+        batched = max(batched, max_len)
 
     total_weights = weights_bytes(spec, dtype=dtype, quantization=s.quantization)
     weights = _weights_per_gpu(
@@ -351,7 +373,7 @@ def estimate(
     )
     layers = _layers_on_busiest_stage(spec, pp)
     kinds = [spec.layer_kinds[i] for i in layers]
-    per_layer = kv_bytes_per_token_layer(spec, kv_bytes=kv_elem, tp=tp)
+    per_layer = kv_bytes_per_token_layer(spec, kv_bytes=kv_elem, tp=tp, version=version)
     attn_layers = sum(1 for k in kinds if k in ATTENTION_KINDS)
     state_dtype = dtype_bytes(spec.state_dtype) if spec.state_dtype else elem
     state_layer = spec.state_elements_per_layer * state_dtype // tp
@@ -359,10 +381,18 @@ def estimate(
     budget = math.ceil(gpu.cuda_total_bytes * s.gpu_memory_utilization)
     if engine == "transformers":
         return _transformers_breakdown(
-            spec, dtype=dtype, budget=budget, total=gpu.cuda_total_bytes, weights=weights,
-            per_token=per_layer * attn_layers, state_per_seq=state_layer * state_layers,
-            seqs=seqs, max_len=max_len, elem=elem, tp=tp,
-        )  # fmt: skip
+            spec,
+            dtype=dtype,
+            budget=budget,
+            total=gpu.cuda_total_bytes,
+            weights=weights,
+            per_token=per_layer * attn_layers,
+            state_per_seq=state_layer * state_layers,
+            seqs=seqs,
+            max_len=max_len,
+            elem=elem,
+            tp=tp,
+        )
 
     activation = activation_bytes(
         spec, tokens=batched, seqs=seqs, dtype_size=elem, tp=tp, version=version
@@ -378,9 +408,14 @@ def estimate(
         kv_cache = budget - weights - activation - non_torch - in_budget
 
     layout = kv_layout(
-        spec, kinds, per_token_layer=per_layer, state_bytes_layer=state_layer,
-        block=CPU_BLOCK_SIZE if device == "cpu" else GPU_BLOCK_SIZE, batched=batched, pp=pp,
-    )  # fmt: skip
+        spec,
+        kinds,
+        per_token_layer=per_layer,
+        state_bytes_layer=state_layer,
+        block=CPU_BLOCK_SIZE if device == "cpu" else GPU_BLOCK_SIZE,
+        batched=batched,
+        pp=pp,
+    )
     num_blocks = kv_cache // layout.bytes_per_block if layout and kv_cache > 0 else 0
     # Block 0 is the pool's null block (vllm/v1/core/block_pool.py): a request can use
     # num_blocks - 1 (measured: 512 blocks of 128 tokens admit 65,408 tokens, not 65,536).
@@ -499,7 +534,7 @@ class KvLayout:
 
 def kv_layout(
     spec: ModelSpec,
-    kinds: list[str],
+    kinds: Sequence[str],
     *,
     per_token_layer: int,
     state_bytes_layer: int,
@@ -562,9 +597,8 @@ def _transformers_breakdown(
     """transformers generate(): a dynamic KV cache per sequence (no paging, no pool), a
     prefill peak over one full-length prompt (oominfer's server prefills one sequence at a
     time; SDPA keeps no n^2 attention matrix), and fp32 logits of the last position only."""
-    prefill = activation_bytes(spec, tokens=max_len, seqs=seqs, dtype_size=elem, tp=tp)
-    activation = prefill - seqs * spec.vocab_size * SAMPLER_BYTES_PER_LOGIT
-    activation += seqs * spec.vocab_size * 4 * 2  # logits and their softmax
+    activation = activation_bytes(spec, tokens=max_len, seqs=0, dtype_size=elem, tp=tp)
+    activation += seqs * spec.vocab_size * 4 * 2  # fp32 logits and their softmax
     kv_cache = budget - weights - activation - TRANSFORMERS_OVERHEAD_BYTES
     per_seq = per_token * max_len + state_per_seq
     fits_len = 0

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from oominfer.dtypes import DTYPES, KV_CACHE_DTYPES, QUANTIZATIONS, Dtype, KvCacheDtype, Quantization
+from oominfer.dtypes import (
+    DTYPES,
+    KV_CACHE_DTYPES,
+    QUANTIZATIONS,
+    Dtype,
+    KvCacheDtype,
+    Quantization,
+)
 from oominfer.errors import InvalidSettingError
 
 TRANSFORMERS_ONLY = frozenset({"bitsandbytes", "int8"})

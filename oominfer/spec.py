@@ -8,7 +8,7 @@ checkpoint's exact sizes.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
@@ -24,14 +24,34 @@ STATE_KINDS: Final = frozenset({"mamba", "linear_attention"})
 
 # Model types whose MLP is up/down only (no gate projection).
 _UNGATED_MLP: Final = frozenset(
-    {"gpt2", "opt", "gpt_neox", "falcon", "phi", "bloom", "gpt_bigcode", "starcoder2", "gptj",
-     "nemotron_h"}
+    {
+        "gpt2",
+        "opt",
+        "gpt_neox",
+        "falcon",
+        "phi",
+        "bloom",
+        "gpt_bigcode",
+        "starcoder2",
+        "gptj",
+        "nemotron_h",
+    }
 )
 # Model types whose config class ties the embeddings to the LM head unless told otherwise.
 _TIED_BY_DEFAULT: Final = frozenset(
-    {"gpt2", "opt", "gemma", "gemma2", "gemma3", "gemma3_text", "bloom", "gpt_bigcode", "phi",
-     "gptj"}
-)  # fmt: skip
+    {
+        "gpt2",
+        "opt",
+        "gemma",
+        "gemma2",
+        "gemma3",
+        "gemma3_text",
+        "bloom",
+        "gpt_bigcode",
+        "phi",
+        "gptj",
+    }
+)
 _MODEL_TYPE_ALIASES: Final = {"RefinedWeb": "falcon", "RefinedWebModel": "falcon"}
 # Model types with a learned absolute position embedding table.
 _LEARNED_POSITIONS: Final = {"gpt2": 0, "opt": 2, "gpt_bigcode": 0}
@@ -147,6 +167,7 @@ class ModelSpec:
     # MLA (DeepSeek V2/V3): the latent is cached once per token and layer.
     kv_lora_rank: int | None = None
     qk_rope_head_dim: int | None = None
+    qk_nope_head_dim: int | None = None
     # MoE
     num_experts: int = 0
     num_experts_per_tok: int = 0
@@ -210,7 +231,7 @@ class _Reader:
         self.cfg = cfg
         self.model_id = model_id
 
-    def int(self, *keys: str, default: int | None = None) -> int:
+    def integer(self, *keys: str, default: int | None = None) -> int:
         for key in keys:
             value = self.cfg.get(key)
             if value is None:
@@ -229,10 +250,14 @@ class _Reader:
             hint="Check that the folder holds the model's own config.json.",
         )
 
-    def opt_int(self, *keys: str) -> int | None:
-        return self.int(*keys, default=-1) if any(self.cfg.get(k) is not None for k in keys) else None
+    def opt_integer(self, *keys: str) -> int | None:
+        return (
+            self.integer(*keys, default=-1)
+            if any(self.cfg.get(k) is not None for k in keys)
+            else None
+        )
 
-    def bool(self, key: str, default: bool) -> bool:
+    def flag(self, key: str, default: bool) -> bool:
         value = self.cfg.get(key)
         return default if value is None else bool(value)
 
@@ -255,9 +280,7 @@ def _text_config(config: Mapping[str, Any]) -> dict[str, Any]:
     return flat
 
 
-def _parse(
-    raw: Mapping[str, Any], *, model_id: str, checkpoint: Checkpoint, src: str
-) -> ModelSpec:
+def _parse(raw: Mapping[str, Any], *, model_id: str, checkpoint: Checkpoint, src: str) -> ModelSpec:
     cfg = _text_config(raw)
     r = _Reader(cfg, model_id)
     archs = cfg.get("architectures") or []
@@ -265,9 +288,9 @@ def _parse(
     model_type = str(cfg.get("model_type") or "unknown")
     model_type = _MODEL_TYPE_ALIASES.get(model_type, model_type)
 
-    layers = r.int("num_hidden_layers", "n_layer", "num_layers", "n_layers")
-    hidden = r.int("hidden_size", "n_embd", "d_model", "dim")
-    heads = r.int("num_attention_heads", "n_head", "num_heads", "n_heads")
+    layers = r.integer("num_hidden_layers", "n_layer", "num_layers", "n_layers")
+    hidden = r.integer("hidden_size", "n_embd", "d_model", "dim")
+    heads = r.integer("num_attention_heads", "n_head", "num_heads", "n_heads")
     if layers == 0 or hidden == 0 or heads == 0:
         raise UnsupportedConfigError(
             f"{model_id}: config.json gives zero layers, hidden size or attention heads."
@@ -275,36 +298,46 @@ def _parse(
     if cfg.get("multi_query") and not cfg.get("new_decoder_architecture"):
         kv_heads = 1
     else:
-        kv_heads = r.int("num_key_value_heads", "num_kv_heads", "n_head_kv", default=heads)
-    head_dim = r.int("head_dim", "attention_head_dim", "kv_channels", default=hidden // heads)
+        kv_heads = r.integer("num_key_value_heads", "num_kv_heads", "n_head_kv", default=heads)
+    head_dim = r.integer("head_dim", "attention_head_dim", "kv_channels", default=hidden // heads)
     if kv_heads == 0 or head_dim == 0 or heads % kv_heads:
         raise UnsupportedConfigError(
             f"{model_id}: {heads} attention heads cannot be shared by {kv_heads} KV heads."
         )
-    if model_type in _UNGATED_MLP:
-        inter_default = 4 * hidden
-    else:
-        inter_default = None
-    inter = r.int("intermediate_size", "ffn_dim", "n_inner", "ffn_hidden_size",
-                  default=inter_default)  # fmt: skip
+    inter_default = 4 * hidden if model_type in _UNGATED_MLP else None
+    inter = r.integer(
+        "intermediate_size", "ffn_dim", "n_inner", "ffn_hidden_size", default=inter_default
+    )
     if model_type == "qwen":  # Qwen (1): intermediate_size counts both halves of w1/w2.
         inter //= 2
-    vocab = r.int("vocab_size", "padded_vocab_size")
-    tied = r.bool("tie_word_embeddings", model_type in _TIED_BY_DEFAULT)
+    vocab = r.integer("vocab_size", "padded_vocab_size")
+    tied = r.flag("tie_word_embeddings", model_type in _TIED_BY_DEFAULT)
 
     kinds = _layer_kinds(cfg, layers, model_id)
     window = cfg.get("sliding_window") if "sliding" in kinds else None
     quant = _quant_spec(cfg.get("quantization_config"), model_id)
 
-    kv_lora = r.opt_int("kv_lora_rank")
-    rope_dim = r.opt_int("qk_rope_head_dim") if kv_lora is not None else None
+    kv_lora = r.opt_integer("kv_lora_rank")
+    rope_dim = r.opt_integer("qk_rope_head_dim") if kv_lora is not None else None
 
-    n_experts = r.int("num_local_experts", "num_experts", "n_routed_experts", default=0)
-    moe_inter = r.int("moe_intermediate_size", default=inter) if n_experts else 0
+    n_experts = r.integer("num_local_experts", "num_experts", "n_routed_experts", default=0)
+    moe_inter = r.integer("moe_intermediate_size", default=inter) if n_experts else 0
 
-    params = _param_counts(cfg, r, kinds=kinds, model_type=model_type, hidden=hidden, heads=heads,
-                           kv_heads=kv_heads, head_dim=head_dim, inter=inter, vocab=vocab,
-                           tied=tied, n_experts=n_experts, moe_inter=moe_inter)  # fmt: skip
+    params = _param_counts(
+        cfg,
+        r,
+        kinds=kinds,
+        model_type=model_type,
+        hidden=hidden,
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        inter=inter,
+        vocab=vocab,
+        tied=tied,
+        n_experts=n_experts,
+        moe_inter=moe_inter,
+    )
     state_elems, state_dtype = _state_per_layer(cfg, r, kinds, hidden)
     return ModelSpec(
         model_id=model_id,
@@ -324,8 +357,9 @@ def _parse(
         sliding_window=int(window) if isinstance(window, int) and window > 0 else None,
         kv_lora_rank=kv_lora,
         qk_rope_head_dim=rope_dim,
+        qk_nope_head_dim=r.opt_integer("qk_nope_head_dim") if kv_lora is not None else None,
         num_experts=n_experts,
-        num_experts_per_tok=r.int("num_experts_per_tok", "experts_per_token", default=0),
+        num_experts_per_tok=r.integer("num_experts_per_tok", "experts_per_token", default=0),
         moe_intermediate_size=moe_inter,
         state_elements_per_layer=state_elems,
         state_dtype=state_dtype,
@@ -368,24 +402,38 @@ def _layer_kinds(cfg: Mapping[str, Any], layers: int, model_id: str) -> tuple[La
     window = cfg.get("sliding_window")
     uses_window = window and cfg.get("use_sliding_window", True) is not False
     if not uses_window:
-        return ("full",) * layers
+        return _every(layers, lambda i: True)
     model_type = cfg.get("model_type")
     if model_type == "gemma2":  # even layers slide
-        return tuple("sliding" if i % 2 == 0 else "full" for i in range(layers))
+        return _every(layers, lambda i: i % 2 == 1)
     pattern_n = cfg.get("sliding_window_pattern")
     if model_type in ("gemma3", "gemma3_text") or pattern_n:  # every n-th layer is global
         n = int(pattern_n or 6)
-        return tuple("full" if (i + 1) % n == 0 else "sliding" for i in range(layers))
+        return _every(layers, lambda i: (i + 1) % n == 0)
     max_window_layers = cfg.get("max_window_layers")
     if model_type in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe") and max_window_layers is not None:
-        return tuple("sliding" if i >= max_window_layers else "full" for i in range(layers))
-    return ("sliding",) * layers
+        return _every(layers, lambda i: i < max_window_layers)
+    return _every(layers, lambda i: False)
+
+
+def _every(layers: int, is_full: Callable[[int], bool]) -> tuple[LayerKind, ...]:
+    """Full attention where ``is_full(i)``, a sliding window elsewhere."""
+    full: LayerKind = "full"
+    sliding: LayerKind = "sliding"
+    return tuple(full if is_full(i) else sliding for i in range(layers))
 
 
 def _max_len(cfg: Mapping[str, Any], r: _Reader) -> int:
     """The context vLLM derives from config.json (vllm.config.model._get_and_verify_max_len)."""
-    keys = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length",
-            "max_sequence_length", "max_seq_length", "seq_len")  # fmt: skip
+    keys = (
+        "max_position_embeddings",
+        "n_positions",
+        "max_seq_len",
+        "seq_length",
+        "max_sequence_length",
+        "max_seq_length",
+        "seq_len",
+    )
     found = [int(cfg[k]) for k in keys if isinstance(cfg.get(k), int | float) and cfg[k] > 0]
     length = min(found) if found else 2048
     rope = cfg.get("rope_scaling") or {}
@@ -469,12 +517,19 @@ def _param_counts(
     # Attention projections. MLA (DeepSeek V2/V3) projects through low-rank latents.
     if cfg.get("kv_lora_rank") is not None:
         q_rank = cfg.get("q_lora_rank")
-        nope, rope = r.int("qk_nope_head_dim"), r.int("qk_rope_head_dim")
-        v_dim, kv_rank = r.int("v_head_dim"), r.int("kv_lora_rank")
-        q_proj = (hidden * q_rank + q_rank * heads * (nope + rope)) if q_rank else (
-            hidden * heads * (nope + rope))
-        attn = (q_proj + hidden * (kv_rank + rope) + kv_rank * heads * (nope + v_dim)
-                + heads * v_dim * hidden)  # fmt: skip
+        nope, rope = r.integer("qk_nope_head_dim"), r.integer("qk_rope_head_dim")
+        v_dim, kv_rank = r.integer("v_head_dim"), r.integer("kv_lora_rank")
+        q_proj = (
+            (hidden * q_rank + q_rank * heads * (nope + rope))
+            if q_rank
+            else (hidden * heads * (nope + rope))
+        )
+        attn = (
+            q_proj
+            + hidden * (kv_rank + rope)
+            + kv_rank * heads * (nope + v_dim)
+            + heads * v_dim * hidden
+        )
         attn_other = kv_rank + (q_rank or 0)
     else:
         attn = hidden * (heads + 2 * kv_heads) * head_dim + heads * head_dim * hidden
@@ -524,7 +579,7 @@ def _param_counts(
     offset = _LEARNED_POSITIONS.get(model_type)
     positions = 0
     if offset is not None:
-        positions = (r.int("max_position_embeddings", "n_positions") + offset) * hidden
+        positions = (r.integer("max_position_embeddings", "n_positions") + offset) * hidden
     return ParamCounts(
         embedding=vocab * hidden,
         lm_head=0 if tied else vocab * hidden,
@@ -567,7 +622,10 @@ def _state_layer_params(cfg: Mapping[str, Any], hidden: int) -> tuple[int, int]:
         return in_proj + inner * hidden, conv_dim * int(cfg.get("conv_kernel", 4)) + 3 * nh + inner
     if cfg.get("mamba_d_state"):  # Mamba1 (Jamba)
         inner = int(cfg.get("mamba_expand", 2)) * hidden
-        state, rank = int(cfg["mamba_d_state"]), int(cfg.get("mamba_dt_rank") or math.ceil(hidden / 16))
+        state, rank = (
+            int(cfg["mamba_d_state"]),
+            int(cfg.get("mamba_dt_rank") or math.ceil(hidden / 16)),
+        )
         proj = hidden * 2 * inner + inner * (rank + 2 * state) + rank * inner + inner * hidden
         return proj, inner * int(cfg.get("mamba_d_conv", 4)) + inner * state + inner
     return 0, 0
@@ -591,5 +649,5 @@ def _state_per_layer(
         conv = (int(cfg.get("conv_kernel", 4)) - 1) * (nh * hd + 2 * groups * state)
         return conv + nh * hd * state, state_dtype
     inner = int(cfg.get("mamba_expand", 2)) * hidden
-    state = r.int("mamba_d_state", "ssm_state_size", default=16)
+    state = r.integer("mamba_d_state", "ssm_state_size", default=16)
     return (int(cfg.get("mamba_d_conv", 4)) - 1) * inner + inner * state, state_dtype

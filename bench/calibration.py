@@ -1,0 +1,203 @@
+"""Replay every usable point of shared/calibration/vllm_memory_logs.jsonl through the estimator.
+
+Prints, per point and in summary: the relative error of the weights, of the KV-cache bytes
+vLLM reported, of KV bytes per token (where vLLM printed both a token count and the KV
+bytes), and whether the fits / does-not-fit verdict matched.
+
+    python bench/calibration.py [--logs PATH] [--json]
+
+Nothing here is tuned per point: each point's own facts (model, GPU total, flags, vLLM
+version) go in, the estimator's one set of constants does the rest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+from oominfer.errors import OominferError
+from oominfer.estimate import EngineVersion, Hardware, estimate
+from oominfer.gpus import GpuSpec, find_gpu
+from oominfer.models import catalog_entry, load_spec
+from oominfer.settings import VllmSettings
+from oominfer.units import GiB
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_LOGS = ROOT.parent / "shared" / "calibration" / "vllm_memory_logs.jsonl"
+# Lines of the log that only the V1 engine prints (a point without a version is V0-era).
+V1_MARKERS = ("kv_cache_utils", "v1/worker", "GPU KV cache size", "Available KV cache memory")
+
+
+def _model_id(text: str | None) -> str | None:
+    """The first org/name in the point's model field that the catalog knows."""
+    for candidate in re.findall(r"[\w.-]+/[\w.-]+", text or ""):
+        entry = catalog_entry(candidate)
+        if entry is not None:
+            return entry.model_id
+    return None
+
+
+def _gib(text: str | None) -> float | None:
+    m = re.search(r"([\d.]+)\s*GiB", text or "")
+    return float(m.group(1)) if m else None
+
+
+def _gpu(point: dict[str, Any]) -> GpuSpec | None:
+    """The GPU as vLLM saw it: its printed CUDA total, with the named GPU's capability."""
+    named = None
+    for token in re.findall(
+        r"(?:RTX \d{4}|[A-Z]\d{1,3}[A-Z]?(?:[- ]\w+)*)", point.get("gpu_model") or ""
+    ):
+        try:
+            named = find_gpu(token)
+            break
+        except OominferError:
+            continue
+    if "Volta and Turing" in (point.get("gpu_model") or ""):
+        named = named or find_gpu("T4")
+    total = _gib(point.get("gpu_total_memory_printed"))
+    if total is not None:
+        cc = named.compute_capability if named else (8, 0)
+        return GpuSpec(
+            name=named.name if named else "printed",
+            memory_bytes=int(total * GiB),
+            cuda_total_bytes=int(total * GiB),
+            compute_capability=cc,
+        )
+    return named
+
+
+def _version(point: dict[str, Any]) -> EngineVersion:
+    text = point.get("vllm_version") or ""
+    if not re.search(r"\d+\.\d+", text):
+        quote = point.get("quote") or ""
+        text = "0.11 (V1)" if any(m in quote for m in V1_MARKERS) else "0.6 (V0)"
+    return EngineVersion.parse(text)
+
+
+def _dtype(text: str | None) -> str:
+    text = (text or "auto").lower()
+    for name in ("bfloat16", "float16"):
+        if text.startswith(name):
+            return name
+    return "auto"
+
+
+def replay(point: dict[str, Any]) -> dict[str, Any]:
+    """Estimate one point; returns the comparisons it supports (None where it has no data)."""
+    row: dict[str, Any] = {"id": point["id"], "model": point.get("model_id")}
+    model_id = _model_id(point.get("model_id"))
+    if model_id is None:
+        row["skip"] = "model not in the catalog"
+        return row
+    spec = load_spec(model_id)
+    version = _version(point)
+    gpu = _gpu(point)
+    tp = point.get("tensor_parallel_size") or 1
+    settings = VllmSettings(
+        dtype=_dtype(point.get("dtype")),  # type: ignore[arg-type]
+        gpu_memory_utilization=point.get("gpu_memory_utilization") or 0.9,
+        max_model_len=point.get("max_model_len") or point.get("max_concurrency_tokens_per_request"),
+        max_num_seqs=point.get("max_num_seqs"),
+        max_num_batched_tokens=point.get("max_num_batched_tokens"),
+        enforce_eager=bool(point.get("enforce_eager")),
+        tensor_parallel_size=tp,
+    )
+    hw = Hardware(gpu=gpu or find_gpu("A100-SXM-80GB"), count=max(tp, point.get("num_gpus") or 1))
+    b = estimate(spec, hardware=hw, settings=settings, version=version)
+    row.update(model=model_id, version=".".join(map(str, version.release)), v1=version.v1)
+
+    measured_w = point.get("weights_gib") or point.get("weights_loading_GB")
+    if measured_w is None and point.get("weights_loading_MB"):
+        measured_w = point["weights_loading_MB"] / 1024
+    if measured_w:
+        row["weights_err"] = b.weights_bytes / (measured_w * GiB) - 1
+
+    tokens = point.get("kv_cache_tokens")
+    if tokens is None and point.get("gpu_blocks") is not None:
+        tokens = point["gpu_blocks"] * (point.get("block_size") or 16)
+    kv_gib = point.get("kv_cache_gib")
+    if gpu is not None and kv_gib is not None and kv_gib > 0 and tokens:
+        # vLLM rounds the GiB it prints to 0.01: the per-token bytes are exact when the
+        # estimate lies within that rounding.
+        measured = kv_gib * GiB / tokens
+        row["kv_per_token_err"] = b.kv_bytes_per_token / measured - 1
+        row["kv_per_token_exact"] = abs(b.kv_bytes_per_token * tokens - kv_gib * GiB) <= (
+            0.005 * GiB + 16 * b.kv_bytes_per_token
+        )
+    if gpu is not None:
+        measured_kv = kv_gib * GiB if kv_gib is not None else None
+        if measured_kv is None and tokens and point.get("kv_cache_tokens"):
+            measured_kv = tokens * b.kv_bytes_per_token
+        if measured_kv:
+            row["kv_bytes_err"] = b.kv_cache_bytes / measured_kv - 1
+        if settings.max_model_len and (point.get("error") or measured_kv):
+            row["verdict_ok"] = b.fits == (point.get("error") is None)
+            row["fits"] = b.fits
+    row["est_kv_gib"] = round(b.kv_cache_bytes / GiB, 2)
+    row["est_weights_gib"] = round(b.weights_bytes / GiB, 3)
+    return row
+
+
+def _pct(x: float | None) -> str:
+    return "" if x is None else f"{x * 100:+.1f}%"
+
+
+def main() -> int:
+    """Replay the points and print the table and the summary."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--logs", type=Path, default=DEFAULT_LOGS)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    points = [json.loads(line) for line in args.logs.read_text().splitlines() if line.strip()]
+    rows = [replay(p) for p in points]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(
+        f"{'id':<5} {'ver':<5} {'model':<46} {'weights':>8} {'KV/tok':>8} {'KV bytes':>9} verdict"
+    )
+    for r in rows:
+        if "skip" in r:
+            print(f"{r['id']:<5} {'':<5} {str(r['model'])[:46]:<46} skipped: {r['skip']}")
+            continue
+        verdict = {True: "ok", False: "WRONG", None: ""}[r.get("verdict_ok")]
+        print(
+            f"{r['id']:<5} {r['version']:<5} {r['model'][:46]:<46} {_pct(r.get('weights_err')):>8} "
+            f"{_pct(r.get('kv_per_token_err')):>8} {_pct(r.get('kv_bytes_err')):>9} {verdict}"
+        )
+    weights = [abs(r["weights_err"]) for r in rows if "weights_err" in r]
+    exact = [r["kv_per_token_exact"] for r in rows if "kv_per_token_exact" in r]
+    kv_v1 = [abs(r["kv_bytes_err"]) for r in rows if "kv_bytes_err" in r and r.get("v1")]
+    kv_all = [abs(r["kv_bytes_err"]) for r in rows if "kv_bytes_err" in r]
+    verdicts = [r["verdict_ok"] for r in rows if "verdict_ok" in r]
+    print()
+    print(
+        f"weights:        median |error| {statistics.median(weights) * 100:.2f}% over "
+        f"{len(weights)} points (bar <= 2%)"
+    )
+    print(
+        f"KV per token:   exact within vLLM's printed rounding on {sum(exact)}/{len(exact)} points"
+    )
+    print(
+        f"KV-cache bytes: median |error| {statistics.median(kv_v1) * 100:.1f}% over {len(kv_v1)} "
+        f"V1 points (bar <= 10%); {statistics.median(kv_all) * 100:.1f}% over all {len(kv_all)}"
+    )
+    print(f"verdict:        right on {sum(verdicts)}/{len(verdicts)} points that have the inputs")
+    ok = (
+        statistics.median(weights) <= 0.02
+        and all(exact)
+        and statistics.median(kv_v1) <= 0.10
+        and all(verdicts)
+    )
+    print("ALL BARS MET" if ok else "SOME BARS MISSED")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
