@@ -554,13 +554,10 @@ def kv_layout(
         # (vllm/platforms/interface.py _align_hybrid_block_size).
         block = max(block, 16 * math.ceil(state_bytes_layer / (16 * per_token_layer)))
     page = block * per_token_layer
-    if len(present) == 1:
-        ((kind, size),) = present.items()
-        return KvLayout(block, size * page, ((kind, 1),), 0)
+    window = (spec.sliding_window or 0) - 1 + (pp + 1) * batched
     low, high = min(present.values()), max(present.values())
     group_size = high if high < 1.5 * low else low
     groups = tuple((k, math.ceil(n / group_size)) for k, n in present.items())
-    window = (spec.sliding_window or 0) - 1 + (pp + 1) * batched
     return KvLayout(block, group_size * page, groups, window)
 
 

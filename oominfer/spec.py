@@ -437,14 +437,17 @@ def _max_len(cfg: Mapping[str, Any], r: _Reader) -> int:
     found = [int(cfg[k]) for k in keys if isinstance(cfg.get(k), int | float) and cfg[k] > 0]
     length = min(found) if found else 2048
     rope = cfg.get("rope_scaling") or {}
-    if isinstance(rope, Mapping):
+    model_type = str(cfg.get("model_type", ""))
+    if isinstance(rope, Mapping) and "gemma3" not in model_type:
         kind = rope.get("rope_type") or rope.get("type")
         factor = rope.get("factor")
-        # vLLM leaves su/longrope/llama3 alone; yarn scales the original length.
-        if kind == "yarn" and factor and rope.get("original_max_position_embeddings"):
-            length = max(length, int(rope["original_max_position_embeddings"] * factor))
-        elif kind in ("linear", "dynamic") and factor:
-            length = int(length * factor)
+        # vLLM leaves su/longrope/llama3 alone; yarn scales the original length, the
+        # other scaled types the configured one (config/model.py _get_and_verify_max_len).
+        if kind in ("su", "longrope", "llama3", "default", "mrope") or not factor:
+            return length
+        if kind == "yarn" and rope.get("original_max_position_embeddings"):
+            length = int(rope["original_max_position_embeddings"])
+        length = int(length * factor)
     return length
 
 
@@ -456,9 +459,10 @@ def _quant_spec(qc: Any, model_id: str) -> QuantSpec | None:
     group = qc.get("group_size", qc.get("q_group_size"))
     group = int(group) if isinstance(group, int) and group > 0 else None
     match method:
-        case "awq" | "gptq" | "awq_marlin" | "gptq_marlin":
+        case "awq" | "gptq" | "awq_marlin" | "gptq_marlin" | "auto-round" | "auto_round":
             bits = int(qc.get("bits", qc.get("w_bit", 4)))
-            return QuantSpec(method=method.removesuffix("_marlin"), bits=bits, group_size=group)
+            name = "gptq" if method.startswith("auto") else method.removesuffix("_marlin")
+            return QuantSpec(method=name, bits=bits, group_size=group)
         case "fp8" | "fbgemm_fp8":
             return QuantSpec(method="fp8", bits=8)
         case "mxfp4":
