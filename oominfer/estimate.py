@@ -169,7 +169,8 @@ class MemoryBreakdown:
         if self.fits:
             return 0
         need = self.kv_bytes_per_token * self.max_model_len + self.state_bytes_per_seq
-        return max(0, need - max(self.kv_cache_bytes, 0))
+        # A negative KV cache means the rest already overflows the budget by that much.
+        return max(0, need - self.kv_cache_bytes)
 
 
 def resolve_dtype(spec: ModelSpec, gpu: GpuSpec, dtype: str) -> str:
@@ -203,7 +204,7 @@ def weight_format(spec: ModelSpec, quantization: str | None) -> QuantSpec | None
     ):
         return spec.quantization
     match quantization:
-        case "fp8":
+        case "fp8" | "fp8_per_tensor":
             return QuantSpec(method="fp8", bits=8)
         case "int8":
             return QuantSpec(method="int8", bits=8)

