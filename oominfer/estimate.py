@@ -147,6 +147,12 @@ class MemoryBreakdown:
     """Requests of max_model_len tokens the KV cache holds at once."""
     max_num_seqs: int
     max_num_batched_tokens: int
+    kv_block_bytes: int = 0
+    """Bytes of one paged-cache block across the layers that share it (0: no paging)."""
+    blocks_per_request: int = 0
+    """Blocks one request of max_model_len tokens needs."""
+    usable_blocks: int = 0
+    """Blocks a request can use (the pool's null block excluded)."""
 
     @property
     def non_kv_bytes(self) -> int:
@@ -170,7 +176,12 @@ class MemoryBreakdown:
             return 0
         need = self.kv_bytes_per_token * self.max_model_len + self.state_bytes_per_seq
         # A negative KV cache means the rest already overflows the budget by that much.
-        return max(0, need - self.kv_cache_bytes)
+        short = need - self.kv_cache_bytes
+        if self.kv_block_bytes:
+            # vLLM counts whole blocks, and holds one back.
+            blocks = max(self.blocks_per_request - self.usable_blocks, 1) * self.kv_block_bytes
+            short = max(short, blocks if self.kv_cache_bytes > 0 else short)
+        return max(1, short)
 
 
 def resolve_dtype(spec: ModelSpec, gpu: GpuSpec, dtype: str) -> str:
@@ -361,7 +372,7 @@ def estimate(
             hint="Use --kv-cache-dtype auto.",
         )
     kv_elem = kv_dtype_bytes(s.kv_cache_dtype, dtype)
-    max_len = s.max_model_len or spec.max_position_embeddings
+    max_len = s.max_model_len or spec.default_max_model_len or spec.max_position_embeddings
     default_tokens, default_seqs = vllm_defaults(gpu, device=device, world_size=s.world_size)
     seqs = s.max_num_seqs or default_seqs
     batched = s.max_num_batched_tokens or min(default_tokens, seqs * max_len)
@@ -451,6 +462,9 @@ def estimate(
         max_concurrency=round(concurrency, 2),
         max_num_seqs=seqs,
         max_num_batched_tokens=batched,
+        kv_block_bytes=layout.bytes_per_block if layout else 0,
+        blocks_per_request=layout.blocks_per_request(max_len) if layout else 0,
+        usable_blocks=max(usable, 0),
     )
 
 

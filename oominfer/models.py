@@ -273,14 +273,14 @@ def _from_hub(repo_id: str, *, revision: str | None) -> ModelSpec:
             "not on the Hugging Face Hub.",
             hint=f"Check the name (e.g. {known}); `oominfer models` lists the catalog.",
         ) from None
-    except EntryNotFoundError:
-        raise UnsupportedConfigError(f"{repo_id} has no config.json on the Hub.") from None
-    except LocalEntryNotFoundError:
+    except LocalEntryNotFoundError:  # a subclass of EntryNotFoundError: test it first
         raise ModelNotFoundError(
             f"{repo_id!r} is not in the built-in catalog and the Hugging Face Hub cannot be "
             "reached (offline).",
             hint=f"Use a local folder, a catalog model (e.g. {known}), or go online.",
         ) from None
+    except EntryNotFoundError:
+        raise UnsupportedConfigError(f"{repo_id} has no config.json on the Hub.") from None
     return ModelSpec.from_hf_config(
         read_config(Path(config_path)), model_id=repo_id, checkpoint=checkpoint, source="hub"
     )

@@ -14,8 +14,9 @@ import dataclasses
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
+from oominfer.dtypes import Dtype, Engine, KvCacheDtype, Quantization
 from oominfer.errors import DoesNotFitError, InvalidSettingError
 from oominfer.estimate import Hardware, MemoryBreakdown, estimate, vllm_defaults
 from oominfer.plan import Lever
@@ -93,7 +94,9 @@ def _divisors(spec: ModelSpec, gpus: int) -> list[int]:
     return [tp for tp in (1, 2, 4, 8, 16) if tp <= gpus and spec.num_attention_heads % tp == 0]
 
 
-def _quantizations(spec: ModelSpec, hardware: Hardware, engine: str, c: Constraints) -> list:
+def _quantizations(
+    spec: ModelSpec, hardware: Hardware, engine: Engine, c: Constraints
+) -> list[Quantization | None]:
     """Weight formats to try: the checkpoint's own, then in-flight ones the engine has."""
     if spec.quantization is not None or c.no_quantize:
         return [None]
@@ -103,7 +106,7 @@ def _quantizations(spec: ModelSpec, hardware: Hardware, engine: str, c: Constrai
 
 
 def candidates(
-    spec: ModelSpec, hardware: Hardware, c: Constraints, *, engine: str, device: str
+    spec: ModelSpec, hardware: Hardware, c: Constraints, *, engine: Engine, device: str
 ) -> Iterator[Candidate]:
     """Every configuration on the lever grid that fits at least ``min_context``."""
     trained = spec.max_position_embeddings
@@ -112,7 +115,7 @@ def candidates(
     seq_steps = sorted({s for s in (default_seqs, *SEQ_STEPS) if s <= default_seqs}, reverse=True)
     if c.concurrency:
         seq_steps = [s for s in seq_steps if s >= c.concurrency] or [c.concurrency]
-    kv_dtypes = ["auto"]
+    kv_dtypes: list[KvCacheDtype] = ["auto"]
     if device == "cuda" and hardware.gpu.supports_fp8 and engine == "vllm":
         kv_dtypes.append("fp8")
     eager_options = [False, True] if device == "cuda" and engine == "vllm" else [False]
@@ -120,38 +123,48 @@ def candidates(
     tps = _divisors(spec, hardware.count)
     for quant in _quantizations(spec, hardware, engine, c):
         for tp in tps:
-            for pp in [p for p in (1, 2, 4, 8) if tp * p <= hardware.count and p <= spec.num_layers]:
+            for pp in [
+                p for p in (1, 2, 4, 8) if tp * p <= hardware.count and p <= spec.num_layers
+            ]:
                 for kv in kv_dtypes:
                     for eager in eager_options:
                         for seqs in seq_steps:
                             for batched in BATCHED_STEPS if device == "cuda" else (None,):
                                 if batched is not None and batched < seqs:
                                     continue
-                                yield from _score(spec, hardware, engine, device, cap, c,
-                                                  VllmSettings(quantization=quant,
-                                                               kv_cache_dtype=kv,
-                                                               gpu_memory_utilization=util,
-                                                               max_model_len=cap,
-                                                               max_num_seqs=seqs,
-                                                               max_num_batched_tokens=batched,
-                                                               enforce_eager=eager,
-                                                               tensor_parallel_size=tp,
-                                                               pipeline_parallel_size=pp,
-                                                               kv_cache_memory_bytes=(
-                                                                   c.kv_cache_memory_bytes)))
+                                yield from _score(
+                                    spec,
+                                    hardware,
+                                    engine,
+                                    device,
+                                    cap,
+                                    c,
+                                    VllmSettings(
+                                        quantization=quant,
+                                        kv_cache_dtype=kv,
+                                        gpu_memory_utilization=util,
+                                        max_model_len=cap,
+                                        max_num_seqs=seqs,
+                                        max_num_batched_tokens=batched,
+                                        enforce_eager=eager,
+                                        tensor_parallel_size=tp,
+                                        pipeline_parallel_size=pp,
+                                        kv_cache_memory_bytes=(c.kv_cache_memory_bytes),
+                                    ),
+                                )
 
 
 def _score(
     spec: ModelSpec,
     hardware: Hardware,
-    engine: str,
+    engine: Engine,
     device: str,
     cap: int,
     c: Constraints,
     settings: VllmSettings,
 ) -> Iterator[Candidate]:
     try:
-        b = estimate(spec, hardware=hardware, settings=settings, engine=engine, device=device)  # type: ignore[arg-type]
+        b = estimate(spec, hardware=hardware, settings=settings, engine=engine, device=device)
     except InvalidSettingError:
         return
     length = min(cap, b.max_model_len_that_fits)
@@ -161,7 +174,7 @@ def _score(
         length = c.min_context  # the required context; the rest of the cache goes to concurrency
     if length != settings.max_model_len:
         settings = dataclasses.replace(settings, max_model_len=length)
-        b = estimate(spec, hardware=hardware, settings=settings, engine=engine, device=device)  # type: ignore[arg-type]
+        b = estimate(spec, hardware=hardware, settings=settings, engine=engine, device=device)
         if not b.fits:
             return
     if c.concurrency and b.max_concurrency < c.concurrency:
@@ -192,9 +205,9 @@ def plan(
     hardware: Hardware,
     constraints: Constraints,
     *,
-    engine: str = "vllm",
+    engine: Engine = "vllm",
     device: str = "cuda",
-    dtype: str = "auto",
+    dtype: Dtype = "auto",
 ) -> PlanResult:
     """The best configuration under ``constraints``, with the levers it turned.
 
@@ -208,11 +221,16 @@ def plan(
         raise _does_not_fit(spec, hardware, constraints, engine=engine, device=device)
     best = min(found, key=lambda cand: _key(cand, constraints.prefer))
     if dtype != "auto":
-        best_settings = dataclasses.replace(best.settings, dtype=dtype)  # type: ignore[arg-type]
+        best_settings = dataclasses.replace(best.settings, dtype=dtype)
         best = Candidate(
             settings=best_settings,
-            breakdown=estimate(spec, hardware=hardware, settings=best_settings, engine=engine,  # type: ignore[arg-type]
-                               device=device),
+            breakdown=estimate(
+                spec,
+                hardware=hardware,
+                settings=best_settings,
+                engine=engine,
+                device=device,
+            ),
         )
     baseline = _baseline(spec, hardware, constraints, engine=engine, device=device)
     levers = explain(spec, hardware, best, baseline, engine=engine, device=device)
@@ -226,7 +244,7 @@ def plan(
 
 
 def _baseline(
-    spec: ModelSpec, hardware: Hardware, c: Constraints, *, engine: str, device: str
+    spec: ModelSpec, hardware: Hardware, c: Constraints, *, engine: Engine, device: str
 ) -> MemoryBreakdown | None:
     """What vLLM's defaults would do on this hardware."""
     settings = VllmSettings(
@@ -234,13 +252,13 @@ def _baseline(
         kv_cache_memory_bytes=c.kv_cache_memory_bytes,
     )
     try:
-        return estimate(spec, hardware=hardware, settings=settings, engine=engine, device=device)  # type: ignore[arg-type]
+        return estimate(spec, hardware=hardware, settings=settings, engine=engine, device=device)
     except InvalidSettingError:
         return None
 
 
 def _with_offload(
-    spec: ModelSpec, hardware: Hardware, c: Constraints, *, engine: str
+    spec: ModelSpec, hardware: Hardware, c: Constraints, *, engine: Engine
 ) -> list[Candidate]:
     """Candidates with the missing weights kept in host memory (--allow-offload)."""
     settings = VllmSettings(
@@ -249,7 +267,7 @@ def _with_offload(
         max_num_seqs=c.concurrency or 1,
         enforce_eager=True,
     )
-    b = estimate(spec, hardware=hardware, settings=settings, engine=engine)  # type: ignore[arg-type]
+    b = estimate(spec, hardware=hardware, settings=settings, engine=engine)
     need = b.shortfall_bytes + b.kv_bytes_per_token * max(c.min_context, 4096)
     offload = math.ceil(need / GiB) + 1
     if offload * GiB >= b.weights_bytes:
@@ -260,7 +278,7 @@ def _with_offload(
 
 
 def _does_not_fit(
-    spec: ModelSpec, hardware: Hardware, c: Constraints, *, engine: str, device: str
+    spec: ModelSpec, hardware: Hardware, c: Constraints, *, engine: Engine, device: str
 ) -> DoesNotFitError:
     """The error for a model that cannot fit, with the shortfall and the cheapest ways out."""
     tp = max(_divisors(spec, hardware.count) or [1])
@@ -272,7 +290,7 @@ def _does_not_fit(
         tensor_parallel_size=tp,
         kv_cache_memory_bytes=c.kv_cache_memory_bytes,
     )
-    b = estimate(spec, hardware=hardware, settings=settings, engine=engine, device=device)  # type: ignore[arg-type]
+    b = estimate(spec, hardware=hardware, settings=settings, engine=engine, device=device)
     shortfall = max(b.shortfall_bytes, 1)
     ways = []
     if device == "cuda":
@@ -314,7 +332,7 @@ def explain(
     best: Candidate,
     baseline: MemoryBreakdown | None,
     *,
-    engine: str,
+    engine: Engine,
     device: str,
 ) -> tuple[Lever, ...]:
     """Each lever the chosen plan turned, why, the bytes it saved and what it costs."""
@@ -329,66 +347,60 @@ def explain(
     defaults = VllmSettings()
     default_tokens, default_seqs = vllm_defaults(hardware.gpu, device=device)
 
-    def saved(**fields: object) -> int:
-        """Non-KV bytes the chosen plan saves over itself with ``fields`` put back."""
-        other = dataclasses.replace(s, **fields)  # type: ignore[arg-type]
+    def saved(other: VllmSettings) -> int:
+        """Non-KV bytes the chosen plan saves over ``other`` (itself with a lever put back)."""
         try:
-            o = estimate(spec, hardware=hardware, settings=other, engine=engine, device=device)  # type: ignore[arg-type]
+            o = estimate(spec, hardware=hardware, settings=other, engine=engine, device=device)
         except InvalidSettingError:
             return 0
         return max(0, o.non_kv_bytes - b.non_kv_bytes)
 
+    def add(name: str, value: object, reason: str, cost: str, saved_bytes: int = 0) -> None:
+        levers.append(Lever(name=name, value=value, reason=reason, saved_bytes=saved_bytes,
+                            cost=cost))  # fmt: skip
+
+    def without(**fields: Any) -> int:
+        return saved(dataclasses.replace(s, **fields))
+
     if (s.max_num_seqs or default_seqs) < default_seqs:
-        levers.append(Lever(
-            name="max_num_seqs", value=s.max_num_seqs,
-            reason=f"fewer concurrent sequences than vLLM's {default_seqs}: a smaller sampler "
-            "peak and fewer CUDA graphs",
-            saved_bytes=saved(max_num_seqs=None), cost="fewer requests served at once"))  # fmt: skip
+        add("max_num_seqs", s.max_num_seqs,
+            f"fewer concurrent sequences than vLLM's {default_seqs}: a smaller sampler peak "
+            "and fewer CUDA graphs", "fewer requests served at once",
+            without(max_num_seqs=None))  # fmt: skip
     if s.max_num_batched_tokens is not None and s.max_num_batched_tokens < default_tokens:
-        levers.append(Lever(
-            name="max_num_batched_tokens", value=s.max_num_batched_tokens,
-            reason="a smaller prefill chunk lowers the activation peak",
-            saved_bytes=saved(max_num_batched_tokens=None), cost="slower prefill of long prompts"))  # fmt: skip
+        add("max_num_batched_tokens", s.max_num_batched_tokens,
+            "a smaller prefill chunk lowers the activation peak",
+            "slower prefill of long prompts", without(max_num_batched_tokens=None))  # fmt: skip
     if best.context < spec.max_position_embeddings:
-        need = b.kv_bytes_per_token * (spec.max_position_embeddings - best.context)
-        levers.append(Lever(
-            name="max_model_len", value=best.context,
-            reason=f"the model's {spec.max_position_embeddings:,} tokens do not fit (or were "
-            "capped); this is the longest that does",
-            saved_bytes=need, cost=f"prompts + outputs limited to {best.context:,} tokens"))  # fmt: skip
+        add("max_model_len", best.context,
+            f"the model's {spec.max_position_embeddings:,} tokens do not fit (or were capped); "
+            "this is the longest that does",
+            f"prompts + outputs limited to {best.context:,} tokens",
+            b.kv_bytes_per_token * (spec.max_position_embeddings - best.context))  # fmt: skip
     if s.enforce_eager:
-        levers.append(Lever(
-            name="enforce_eager", value=True,
-            reason=f"frees {format_bytes(saved(enforce_eager=False))} of CUDA graphs",
-            saved_bytes=saved(enforce_eager=False), cost="decode is slower"))  # fmt: skip
+        graphs = without(enforce_eager=False)
+        add("enforce_eager", True, f"frees {format_bytes(graphs)} of CUDA graphs",
+            "decode is slower", graphs)  # fmt: skip
     if s.kv_cache_dtype != defaults.kv_cache_dtype:
-        levers.append(Lever(
-            name="kv_cache_dtype", value=s.kv_cache_dtype,
-            reason="an FP8 KV cache holds twice the tokens",
-            saved_bytes=b.kv_cache_tokens * b.kv_bytes_per_token,
-            cost="slight accuracy loss on long contexts"))  # fmt: skip
+        add("kv_cache_dtype", s.kv_cache_dtype, "an FP8 KV cache holds twice the tokens",
+            "slight accuracy loss on long contexts",
+            b.kv_cache_tokens * b.kv_bytes_per_token)  # fmt: skip
     if s.quantization is not None:
-        levers.append(Lever(
-            name="quantization", value=s.quantization,
-            reason="the 16-bit weights leave too little room",
-            saved_bytes=saved(quantization=None), cost="some accuracy loss"))  # fmt: skip
+        add("quantization", s.quantization, "the 16-bit weights leave too little room",
+            "some accuracy loss", without(quantization=None))  # fmt: skip
     if s.tensor_parallel_size > 1:
-        levers.append(Lever(
-            name="tensor_parallel_size", value=s.tensor_parallel_size,
-            reason=f"the weights are split over {s.tensor_parallel_size} GPUs",
-            saved_bytes=saved(tensor_parallel_size=1), cost="more GPUs"))  # fmt: skip
+        add("tensor_parallel_size", s.tensor_parallel_size,
+            f"the weights are split over {s.tensor_parallel_size} GPUs", "more GPUs",
+            without(tensor_parallel_size=1))  # fmt: skip
     if s.pipeline_parallel_size > 1:
-        levers.append(Lever(
-            name="pipeline_parallel_size", value=s.pipeline_parallel_size,
-            reason="the layers are split into stages", cost="more GPUs; pipeline bubbles"))  # fmt: skip
+        add("pipeline_parallel_size", s.pipeline_parallel_size,
+            "the layers are split into stages", "more GPUs; pipeline bubbles")  # fmt: skip
     if s.cpu_offload_gb:
-        levers.append(Lever(
-            name="cpu_offload_gb", value=s.cpu_offload_gb,
-            reason="the weights do not fit even quantized; part stays in host memory",
-            saved_bytes=int(s.cpu_offload_gb * GiB), cost="every forward pass copies them in"))  # fmt: skip
+        add("cpu_offload_gb", s.cpu_offload_gb,
+            "the weights do not fit even quantized; part stays in host memory",
+            "every forward pass copies them in", int(s.cpu_offload_gb * GiB))  # fmt: skip
     if baseline is not None and not baseline.fits:
-        levers.append(Lever(
-            name="gpu_memory_utilization", value=s.gpu_memory_utilization,
-            reason=f"vLLM's defaults would fail here: short by "
-            f"{format_bytes(baseline.shortfall_bytes)}", cost="none"))  # fmt: skip
+        add("gpu_memory_utilization", s.gpu_memory_utilization,
+            f"vLLM's defaults would fail here: short by {format_bytes(baseline.shortfall_bytes)}",
+            "none")  # fmt: skip
     return tuple(levers)

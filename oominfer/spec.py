@@ -160,6 +160,8 @@ class ModelSpec:
     vocab_size: int
     max_position_embeddings: int
     """The longest context vLLM derives from config.json (rope scaling applied)."""
+    default_max_model_len: int = 0
+    """vLLM's max_model_len when none is given (LongRoPE: the original length)."""
     torch_dtype: str
     tie_word_embeddings: bool
     layer_kinds: tuple[LayerKind, ...]
@@ -350,7 +352,8 @@ def _parse(raw: Mapping[str, Any], *, model_id: str, checkpoint: Checkpoint, src
         head_dim=head_dim,
         intermediate_size=inter,
         vocab_size=vocab,
-        max_position_embeddings=_max_len(cfg, r),
+        max_position_embeddings=(derived := _max_len(cfg, r)),
+        default_max_model_len=_default_len(cfg, derived),
         torch_dtype=dtype_name(str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32")),
         tie_word_embeddings=tied,
         layer_kinds=kinds,
@@ -436,19 +439,29 @@ def _max_len(cfg: Mapping[str, Any], r: _Reader) -> int:
     )
     found = [int(cfg[k]) for k in keys if isinstance(cfg.get(k), int | float) and cfg[k] > 0]
     length = min(found) if found else 2048
-    rope = cfg.get("rope_scaling") or {}
+    rope = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
     model_type = str(cfg.get("model_type", ""))
     if isinstance(rope, Mapping) and "gemma3" not in model_type:
         kind = rope.get("rope_type") or rope.get("type")
         factor = rope.get("factor")
-        # vLLM leaves su/longrope/llama3 alone; yarn scales the original length, the
-        # other scaled types the configured one (config/model.py _get_and_verify_max_len).
-        if kind in ("su", "longrope", "llama3", "default", "mrope") or not factor:
-            return length
-        if kind == "yarn" and rope.get("original_max_position_embeddings"):
-            length = int(rope["original_max_position_embeddings"])
-        length = int(length * factor)
+        # vLLM 0.32 (config/model.py _get_and_verify_max_len) multiplies by the factor except
+        # for su/longrope/llama3 and the YaRN variants, whose max_position_embeddings is
+        # already scaled.
+        unscaled = ("su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling")
+        if kind not in unscaled and kind not in ("default", "mrope") and factor:
+            length = int(length * float(factor))
     return length
+
+
+def _default_len(cfg: Mapping[str, Any], derived: int) -> int:
+    """vLLM's max_model_len when none is given: LongRoPE models start at their original
+    length (to avoid slowing short sequences); the rest at the derived maximum."""
+    rope = cfg.get("rope_scaling") or {}
+    if isinstance(rope, Mapping) and (rope.get("rope_type") or rope.get("type")) == "longrope":
+        original = cfg.get("original_max_position_embeddings")
+        if isinstance(original, int) and original > 0:
+            return min(original, derived)
+    return derived
 
 
 def _quant_spec(qc: Any, model_id: str) -> QuantSpec | None:

@@ -34,9 +34,15 @@ DTYPE_BYTES = {"bfloat16": ("BF16", 2), "float16": ("F16", 2), "float32": ("F32"
 # extra short names for calibration models (model id -> aliases); every model
 # also gets its lowercase repo name as an alias when that is unambiguous
 EXTRA_ALIASES = {
-    "meta-llama/Llama-3.1-8B-Instruct": ["meta-llama-3.1-8b-instruct", "meta-llama/meta-llama-3.1-8b-instruct"],
+    "meta-llama/Llama-3.1-8B-Instruct": [
+        "meta-llama-3.1-8b-instruct",
+        "meta-llama/meta-llama-3.1-8b-instruct",
+    ],
     "meta-llama/Llama-3.1-8B": ["meta-llama-3.1-8b", "meta-llama/meta-llama-3.1-8b"],
-    "meta-llama/Llama-3.1-70B-Instruct": ["meta-llama-3.1-70b-instruct", "meta-llama/meta-llama-3.1-70b-instruct"],
+    "meta-llama/Llama-3.1-70B-Instruct": [
+        "meta-llama-3.1-70b-instruct",
+        "meta-llama/meta-llama-3.1-70b-instruct",
+    ],
     "meta-llama/Llama-3.1-70B": ["meta-llama-3.1-70b", "meta-llama/meta-llama-3.1-70b"],
     "meta-llama/Llama-3.1-405B": ["meta-llama-3.1-405b", "meta-llama/meta-llama-3.1-405b"],
     "mistralai/Mixtral-8x7B-Instruct-v0.1": ["mixtral-8x7b-instruct"],
@@ -51,7 +57,7 @@ def load_json(path):
 
 
 def derive_parameters(config, total_size):
-    """dtype -> parameter count from metadata.total_size of an unquantized, single-dtype checkpoint."""
+    """dtype -> parameter count from the total_size of an unquantized single-dtype checkpoint."""
     if total_size is None or "quantization_config" in config:
         return None
     dtype = config.get("torch_dtype") or config.get("dtype")
@@ -74,13 +80,19 @@ def from_calibration(calib_dir):
         source = meta["source"]
         if meta.get("total_size_source"):
             source += "; total_size_bytes: " + meta["total_size_source"]
-        entry = {"config": config, "total_size_bytes": meta.get("total_size_bytes"), "source": source,
-                 "verbatim": bool(meta.get("verbatim", True))}
+        entry = {
+            "config": config,
+            "total_size_bytes": meta.get("total_size_bytes"),
+            "source": source,
+            "verbatim": bool(meta.get("verbatim", True)),
+        }
         params = meta.get("params") or derive_parameters(config, entry["total_size_bytes"])
         if params:
             entry["parameters"] = params
             if not meta.get("params"):
-                entry["source"] += "; parameters derived from total_size / bytes per element of torch_dtype"
+                entry["source"] += (
+                    "; parameters derived from total_size / bytes per element of torch_dtype"
+                )
         if meta.get("shard_file_bytes_sum") is not None:
             entry["shard_file_bytes_sum"] = meta["shard_file_bytes_sum"]
         for fname, side in sorted((meta.get("extra_files") or {}).items()):
@@ -98,8 +110,12 @@ def from_extra(extra_dir):
     models = {}
     for model_id, meta in sorted(index.items()):
         config = load_json(extra_dir / meta["config"])
-        entry = {"config": config, "total_size_bytes": meta.get("total_size_bytes"), "source": meta["source"],
-                 "verbatim": bool(meta["verbatim"])}
+        entry = {
+            "config": config,
+            "total_size_bytes": meta.get("total_size_bytes"),
+            "source": meta["source"],
+            "verbatim": bool(meta["verbatim"]),
+        }
         if meta.get("note"):
             entry["source"] += "; NOTE: " + meta["note"]
         if meta.get("parameters"):
@@ -111,7 +127,7 @@ def from_extra(extra_dir):
 
 
 def add_aliases(models):
-    """Lowercase short names; drop any alias claimed by two models or equal to another model's id."""
+    """Lowercase short names; drop an alias two models claim or that is another model's id."""
     wanted = {}
     for model_id, entry in models.items():
         names = set(entry.get("aliases", [])) | set(EXTRA_ALIASES.get(model_id, []))
@@ -151,10 +167,15 @@ def validate(models):
         cfg = entry["config"]
         if not config_layers(cfg):
             if config_layers(cfg, strict=False):
-                print(f"warning: {model_id}: layer count only under a legacy key "
-                      f"({', '.join(k for k in LAYER_KEY_FALLBACKS if k in cfg)})", file=sys.stderr)
+                print(
+                    f"warning: {model_id}: layer count only under a legacy key "
+                    f"({', '.join(k for k in LAYER_KEY_FALLBACKS if k in cfg)})",
+                    file=sys.stderr,
+                )
             else:
-                problems.append(f"{model_id}: no num_hidden_layers (or text_config.num_hidden_layers)")
+                problems.append(
+                    f"{model_id}: no num_hidden_layers (or text_config.num_hidden_layers)"
+                )
         if not cfg.get("architectures"):
             problems.append(f"{model_id}: no architectures")
         if entry["total_size_bytes"] is not None and not isinstance(entry["total_size_bytes"], int):
@@ -175,8 +196,11 @@ def order_entry(entry):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--calibration", default=str(REPO_ROOT.parent / "shared" / "calibration"),
-                    help="calibration folder holding configs/INDEX.json (default: ../shared/calibration)")
+    ap.add_argument(
+        "--calibration",
+        default=str(REPO_ROOT.parent / "shared" / "calibration"),
+        help="calibration folder holding configs/INDEX.json (default: ../shared/calibration)",
+    )
     ap.add_argument("--extra", default=str(REPO_ROOT / "tools" / "catalog_extra"))
     ap.add_argument("--out", default=str(REPO_ROOT / "oominfer" / "data" / "models.json"))
     args = ap.parse_args(argv)
@@ -200,7 +224,10 @@ def main(argv=None):
         f.write("\n")
     n_size = sum(1 for e in models.values() if e["total_size_bytes"] is not None)
     n_verb = sum(1 for e in models.values() if e["verbatim"])
-    print(f"wrote {out}: {len(models)} models ({n_verb} verbatim configs, {n_size} with total_size_bytes)")
+    print(
+        f"wrote {out}: {len(models)} models ({n_verb} verbatim configs, "
+        f"{n_size} with total_size_bytes)"
+    )
 
 
 if __name__ == "__main__":

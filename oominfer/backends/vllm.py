@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Final
 
 from oominfer.backends import LogFacts, ProbeStatus
@@ -29,12 +30,12 @@ _FRAGMENTED: Final = re.compile(r"([\d.]+) GiB is reserved by PyTorch but unallo
 # (pattern, status) in the order they are tried: the most specific first.
 _FAILURES: Final = (
     (re.compile(r"No available memory for the cache blocks"), ProbeStatus.NO_KV_MEMORY),
-    (re.compile(r"(?:CUDA|GPU|device) KV cache size: 0 tokens|# (?:cuda|GPU) blocks: 0"),
+    (re.compile(r"(?:CUDA|GPU) KV cache size: 0 tokens|# (?:cuda|GPU) blocks: 0"),
      ProbeStatus.NO_KV_MEMORY),
     (re.compile(r"(?:on startup is less than desired (?:GPU|CPU) memory utilization)"),
      ProbeStatus.INSUFFICIENT_FREE_MEMORY),
-    (re.compile(r"CUDA out of memory|torch\.OutOfMemoryError|OutOfMemoryError|"
-                r"DefaultCPUAllocator: can't allocate memory|std::bad_alloc|Cannot allocate memory"),
+    (re.compile(r"CUDA out of memory|torch\.OutOfMemoryError|OutOfMemoryError|std::bad_alloc|"
+                r"DefaultCPUAllocator: can't allocate memory|Cannot allocate memory"),
      ProbeStatus.OUT_OF_MEMORY),
     (re.compile(r"are not supported for now|is not supported|not supported on|Unknown quantization"
                 r"|Head size \d+ is not supported|does not support"),
@@ -97,27 +98,31 @@ def read_log(text: str) -> LogFacts:
     kv_bytes = _gib(re.search(r"Available KV cache memory: " + _GIB, text))
     tokens_m = re.search(r"KV cache size: ([\d,]+) tokens", text)
     tokens = int(tokens_m.group(1).replace(",", "")) if tokens_m else None
-    common = {"weights_bytes": weights, "kv_cache_bytes": kv_bytes, "kv_cache_tokens": tokens}
     frag = _FRAGMENTED.search(text)
-    fragmented = bool(frag and float(frag.group(1)) >= 0.5)
-
-    m = _KV_TOO_SMALL.search(text)
-    if m:
-        line = _line_of(text, m.start())
-        return LogFacts(status=ProbeStatus.KV_CACHE_TOO_SMALL, detail=line, phase=phase,
-                        estimated_max_model_len=int(m.group(2)), **common)  # fmt: skip
-    m = _KV_TOO_SMALL_OLD.search(text)
-    if m:
-        return LogFacts(status=ProbeStatus.KV_CACHE_TOO_SMALL, detail=_line_of(text, m.start()),
-                        phase=phase, estimated_max_model_len=int(m.group(2)), **common)  # fmt: skip
-    for pattern, status in _FAILURES:
+    base = LogFacts(
+        status=None,
+        phase=phase,
+        weights_bytes=weights,
+        kv_cache_bytes=kv_bytes,
+        kv_cache_tokens=tokens,
+        fragmented=bool(frag and float(frag.group(1)) >= 0.5),
+    )
+    for pattern in (_KV_TOO_SMALL, _KV_TOO_SMALL_OLD):
         m = pattern.search(text)
         if m:
-            return LogFacts(status=status, detail=_line_of(text, m.start()), phase=phase,
-                            fragmented=fragmented, **common)  # fmt: skip
+            return replace(
+                base,
+                status=ProbeStatus.KV_CACHE_TOO_SMALL,
+                detail=_line_of(text, m.start()),
+                estimated_max_model_len=int(m.group(2)),
+            )
+    for failure, status in _FAILURES:
+        m = failure.search(text)
+        if m:
+            return replace(base, status=status, detail=_line_of(text, m.start()))
     if phase == "ready":
-        return LogFacts(status=ProbeStatus.READY, phase=phase, **common)
-    return LogFacts(status=None, phase=phase, **common)
+        return replace(base, status=ProbeStatus.READY)
+    return base
 
 
 def _line_of(text: str, pos: int) -> str:

