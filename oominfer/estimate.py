@@ -54,6 +54,11 @@ MLP_TEMPORARIES: Final = 3
 # 36 layers, 67 sizes: 2.24 GiB).
 GRAPH_BYTES_PER_LAYER_AND_SIZE: Final = 950 * 1024
 
+# vLLM's CPU backend: the API server, the engine core and the torch runtime around the
+# weights and the KV cache. Measured here: a 22M-parameter model with a 1 GiB KV cache has a
+# process tree of about 3 GB resident (ENVIRONMENT.md), so about 2 GiB besides the two.
+CPU_RUNTIME_BYTES: Final = 2 * GiB
+
 # The transformers engine keeps the CUDA context and cuBLAS workspace beside the weights.
 TRANSFORMERS_OVERHEAD_BYTES: Final = 512 * MiB
 
@@ -409,7 +414,10 @@ def estimate(
     activation = activation_bytes(
         spec, tokens=batched, seqs=seqs, dtype_size=elem, tp=tp, version=version
     )
-    non_torch = 0 if device == "cpu" else NON_TORCH_BYTES + (NON_TORCH_TP_BYTES if tp > 1 else 0)
+    if device == "cpu":
+        non_torch = CPU_RUNTIME_BYTES
+    else:
+        non_torch = NON_TORCH_BYTES + (NON_TORCH_TP_BYTES if tp > 1 else 0)
     graphs = 0
     if device == "cuda" and not s.enforce_eager:
         graphs = GRAPH_BYTES_PER_LAYER_AND_SIZE * len(layers) * capture_sizes(seqs, batched)
@@ -447,7 +455,7 @@ def estimate(
         engine="vllm",
         dtype=dtype,
         total_bytes=gpu.cuda_total_bytes,
-        budget_bytes=s.kv_cache_memory_bytes or budget,
+        budget_bytes=budget,
         weights_bytes=weights,
         activation_bytes=activation,
         non_torch_bytes=non_torch,

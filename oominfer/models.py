@@ -72,11 +72,23 @@ def catalog_entry(name: str) -> CatalogEntry | None:
     if model_id is None:
         return None
     entry = _catalog()[model_id]
+    config = with_modelopt(entry["config"], entry.get("hf_quant_config"))
     checkpoint = Checkpoint(
         parameters=dict(entry.get("parameters") or {}),
         total_bytes=entry.get("total_size_bytes"),
     )
-    return CatalogEntry(model_id, entry["config"], checkpoint, entry.get("source", ""))
+    return CatalogEntry(model_id, config, checkpoint, entry.get("source", ""))
+
+
+def with_modelopt(config: dict[str, Any], hf_quant_config: Any) -> dict[str, Any]:
+    """NVIDIA ModelOpt checkpoints describe their quantization in hf_quant_config.json, not
+    in config.json; vLLM reads it from there. Fold it in as a quantization_config."""
+    if "quantization_config" in config or not isinstance(hf_quant_config, dict):
+        return config
+    quant = hf_quant_config.get("quantization") or {}
+    if not isinstance(quant, dict) or not quant.get("quant_algo"):
+        return config
+    return {**config, "quantization_config": {"quant_method": "modelopt", **quant}}
 
 
 def read_config(path: Path) -> dict[str, Any]:
@@ -169,6 +181,9 @@ def checkpoint_from_headers(folder: Path) -> Checkpoint:
 def spec_from_folder(folder: Path, *, model_id: str | None = None) -> ModelSpec:
     """A model saved on disk: its config.json and its safetensors headers."""
     config = read_config(folder / "config.json")
+    side = folder / "hf_quant_config.json"
+    if side.is_file():
+        config = with_modelopt(config, read_config(side))
     return ModelSpec.from_hf_config(
         config,
         model_id=model_id or str(folder),
@@ -244,9 +259,12 @@ def _from_hub(repo_id: str, *, revision: str | None) -> ModelSpec:
         EntryNotFoundError,
         GatedRepoError,
         HFValidationError,
+        HfHubHTTPError,
         LocalEntryNotFoundError,
+        NotASafetensorsRepoError,
         RepositoryNotFoundError,
         RevisionNotFoundError,
+        SafetensorsParsingError,
     )
 
     known = ", ".join(catalog_ids()[:3])
@@ -258,8 +276,8 @@ def _from_hub(repo_id: str, *, revision: str | None) -> ModelSpec:
             checkpoint = Checkpoint(
                 parameters={str(k): int(v) for k, v in meta.parameter_count.items()}
             )
-        except Exception:
-            pass
+        except (NotASafetensorsRepoError, SafetensorsParsingError, HfHubHTTPError, OSError):
+            pass  # the sizes are optional: the architecture gives them too
     except GatedRepoError:
         raise GatedModelError(
             f"{repo_id} is gated and this token has no access to it.",

@@ -22,7 +22,7 @@ from oominfer.estimate import Hardware, MemoryBreakdown, estimate, vllm_defaults
 from oominfer.plan import Lever
 from oominfer.settings import VllmSettings
 from oominfer.spec import ModelSpec, QuantSpec
-from oominfer.units import GiB, format_bytes
+from oominfer.units import GiB, MiB, format_bytes
 
 Prefer = Literal["context", "throughput", "quality"]
 PREFERENCES: Final = ("context", "throughput", "quality")
@@ -167,6 +167,15 @@ def _score(
         b = estimate(spec, hardware=hardware, settings=settings, engine=engine, device=device)
     except InvalidSettingError:
         return
+    if device == "cpu" and engine == "vllm" and settings.kv_cache_memory_bytes is None:
+        # On the CPU vLLM sizes the cache from the process's resident memory, which the
+        # estimate cannot see; pin it instead to what the budget leaves (whole MiB).
+        if b.kv_cache_bytes < MiB:
+            return
+        settings = dataclasses.replace(
+            settings, kv_cache_memory_bytes=b.kv_cache_bytes // MiB * MiB
+        )
+        b = estimate(spec, hardware=hardware, settings=settings, engine=engine, device=device)
     length = min(cap, b.max_model_len_that_fits)
     if length < c.min_context or length <= 0:
         return
@@ -220,18 +229,15 @@ def plan(
     if not found:
         raise _does_not_fit(spec, hardware, constraints, engine=engine, device=device)
     best = min(found, key=lambda cand: _key(cand, constraints.prefer))
-    if dtype != "auto":
-        best_settings = dataclasses.replace(best.settings, dtype=dtype)
-        best = Candidate(
-            settings=best_settings,
-            breakdown=estimate(
-                spec,
-                hardware=hardware,
-                settings=best_settings,
-                engine=engine,
-                device=device,
-            ),
-        )
+    # Record the dtype the engine will run (bf16 needs compute capability 8.0).
+    chosen: Dtype = dtype if dtype != "auto" else best.breakdown.dtype  # type: ignore[assignment]
+    best_settings = dataclasses.replace(best.settings, dtype=chosen)
+    best = Candidate(
+        settings=best_settings,
+        breakdown=estimate(
+            spec, hardware=hardware, settings=best_settings, engine=engine, device=device
+        ),
+    )
     baseline = _baseline(spec, hardware, constraints, engine=engine, device=device)
     levers = explain(spec, hardware, best, baseline, engine=engine, device=device)
     return PlanResult(
@@ -342,7 +348,7 @@ def explain(
               cost="none"),
         Lever(name="dtype", value=b.dtype,
               reason="bf16 needs compute capability 8.0" if b.dtype == "float16"
-              else "the GPU runs the checkpoint's 16-bit dtype", cost="none"),
+              else "the hardware runs the checkpoint's 16-bit dtype", cost="none"),
     ]  # fmt: skip
     defaults = VllmSettings()
     default_tokens, default_seqs = vllm_defaults(hardware.gpu, device=device)

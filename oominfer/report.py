@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from oominfer.estimate import Hardware, MemoryBreakdown
 from oominfer.settings import VllmSettings
 from oominfer.spec import ModelSpec
 from oominfer.units import GiB, format_bytes
+
+if TYPE_CHECKING:
+    from oominfer.fit import FitResult
 
 BAR_WIDTH = 60
 # (label, glyph, colour) of each bar segment, in the order vLLM allocates them.
@@ -147,3 +150,54 @@ def verdict(b: MemoryBreakdown) -> tuple[bool, str]:
 def gib(n: int) -> float:
     """Bytes as GiB, for tables."""
     return n / GiB
+
+
+def _bar_line(b: MemoryBreakdown) -> str:
+    """The memory bar as plain text (colour is added by the CLI where it prints)."""
+    return "".join(glyph for glyph, _, _ in memory_bar(b, width=BAR_WIDTH))
+
+
+def fit_report(spec: ModelSpec, hardware: Hardware, result: FitResult, *, device: str) -> list[str]:
+    """The short human report of a fit: settings, levers, memory bars, verification."""
+    import shlex
+
+    from oominfer.settings import to_vllm_args
+
+    plan = result.plan
+    where = (
+        f"{hardware.count} x {hardware.gpu.name}"
+        if device == "cuda"
+        else f"the CPU with {format_bytes(hardware.gpu.cuda_total_bytes)}"
+    )
+    lines = [f"Plan for {spec.model_id} on {where} ({plan.engine})", ""]
+    lines.append("  " + shlex.join(to_vllm_args(plan.settings)))
+    lines.append("")
+    lines.append("Levers:")
+    for lever in plan.levers:
+        saved = f"; saves {format_bytes(lever.saved_bytes)}" if lever.saved_bytes else ""
+        cost = f"; costs: {lever.cost}" if lever.cost and lever.cost != "none" else ""
+        lines.append(f"  {lever.name} = {lever.value}: {lever.reason}{saved}{cost}")
+    planned = result.planned
+    if planned is not None:
+        lines.append("")
+        lines.append(f"  this plan     {_bar_line(planned.breakdown)}")
+        if planned.baseline is not None:
+            _, line = verdict(planned.baseline)
+            lines.append(f"  vLLM defaults {_bar_line(planned.baseline)}")
+            lines.append(f"  (defaults: {line})")
+        lines.append(verdict(planned.breakdown)[1])
+    v = plan.verification
+    lines.append("")
+    if result.cached and v is not None:
+        lines.append(f"VERIFIED earlier ({v.verified_at}, {v.engine_version}); from the cache.")
+    elif v is not None:
+        tokens = f"{v.kv_cache_tokens:,} KV tokens" if v.kv_cache_tokens else "KV cache ready"
+        peak = f", peak {format_bytes(v.peak_bytes)} resident" if v.peak_bytes else ""
+        lines.append(
+            f"VERIFIED in {v.launches} launch(es), {v.load_seconds:.0f} s: {v.engine_version} "
+            f"served {v.requests_ok} requests at the limits; {tokens}{peak}."
+        )
+    else:
+        lines.append("Not verified (--no-verify, or no engine here): run `oominfer fit` where "
+                     "the engine is installed to prove it.")  # fmt: skip
+    return lines
