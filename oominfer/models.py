@@ -258,8 +258,8 @@ def _from_hub(repo_id: str, *, revision: str | None) -> ModelSpec:
     from huggingface_hub.errors import (
         EntryNotFoundError,
         GatedRepoError,
-        HFValidationError,
         HfHubHTTPError,
+        HFValidationError,
         LocalEntryNotFoundError,
         NotASafetensorsRepoError,
         RepositoryNotFoundError,
