@@ -268,118 +268,84 @@ def _cpu_memory_bytes() -> int:
     raise InvalidSettingError("cannot read this machine's memory.", hint="Pass --memory 6GiB.")
 
 
-@main.command()
-@click.argument("model")
-@hardware_options
-@click.option(
-    "--device",
-    type=click.Choice(["cuda", "cpu"]),
-    help="cuda (GPUs) or cpu (vLLM's CPU backend). Default: cpu with --memory.",
-)
-@click.option("--memory", metavar="SIZE", help="CPU serving: memory the engine may use.")
-@click.option("--engine", type=click.Choice(get_args(Engine)), default="vllm", show_default=True)
-@click.option("--dtype", type=click.Choice(get_args(Dtype)), default="auto", show_default=True)
-@click.option(
-    "--prefer",
-    type=click.Choice(["context", "throughput", "quality"]),
-    default="context",
-    show_default=True,
-    help="context: the longest context, then concurrency; throughput: the most "
-    "sequences at --min-context; quality: no weight quantization unless needed.",
-)
-@click.option(
-    "--min-context",
-    type=click.IntRange(min=1),
-    default=1,
-    show_default=True,
-    help="The shortest context acceptable.",
-)
-@click.option(
-    "--concurrency",
-    type=click.IntRange(min=1),
-    help="Sequences that must run at once at the chosen context.",
-)
-@click.option("--max-model-len", type=click.IntRange(min=1), help="A cap on the context.")
-@click.option("--no-quantize", is_flag=True, help="Never quantize the weights.")
-@click.option("--allow-offload", is_flag=True, help="Allow CPU offload of weights (slow).")
-@click.option(
-    "--gpu-memory-utilization",
-    type=click.FloatRange(0, 1, min_open=True),
-    help="Fix the fraction vLLM may use (default: vLLM's 0.92).",
-)
-@click.option("--kv-cache-memory-bytes", metavar="SIZE", help="Fix the KV-cache size.")
-@click.option(
-    "--verify/--no-verify",
-    default=None,
-    help="Prove the plan with the real engine (default: when one is installed).",
-)
-@click.option(
-    "--no-estimate",
-    is_flag=True,
-    help="Launch at the requested context and let the engine's messages guide.",
-)
-@click.option("--no-cache", is_flag=True, help="Ignore verified plans cached earlier.")
-@click.option("--max-launches", type=click.IntRange(1, 10), default=3, show_default=True)
-@click.option(
-    "--timeout",
-    type=float,
-    default=900.0,
-    show_default=True,
-    help="Seconds one launch may take to become ready.",
-)
-@click.option(
-    "-o", "--output", type=click.Path(dir_okay=False, writable=True), help="Write the plan here."
-)
-@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON on stdout.")
-@click.option("--revision", help="Hub revision (forces a Hub lookup).")
-def fit(model: str, gpu: str | None, gpus: int, gpu_memory: str | None, device: str | None,
-        memory: str | None, engine: str, dtype: str, prefer: str, min_context: int,
-        concurrency: int | None, max_model_len: int | None, no_quantize: bool,
-        allow_offload: bool, gpu_memory_utilization: float | None,
-        kv_cache_memory_bytes: str | None, verify: bool | None, no_estimate: bool,
-        no_cache: bool, max_launches: int, timeout: float, output: str | None, as_json: bool,
-        revision: str | None) -> None:  # fmt: skip
-    """Plan the serving configuration that fits, prove it with the real engine, write it.
+def fit_options(f: F) -> F:
+    """The flags of `oominfer fit` (also taken by `oominfer serve MODEL`)."""
+    options = [
+        hardware_options,
+        click.option("--device", type=click.Choice(["cuda", "cpu"]),
+                     help="cuda (GPUs) or cpu (vLLM's CPU backend). Default: cpu with --memory."),
+        click.option("--memory", metavar="SIZE", help="CPU serving: memory the engine may use."),
+        click.option("--engine", type=click.Choice(get_args(Engine)), default="vllm",
+                     show_default=True),
+        click.option("--dtype", type=click.Choice(get_args(Dtype)), default="auto",
+                     show_default=True),
+        click.option("--prefer", type=click.Choice(["context", "throughput", "quality"]),
+                     default="context", show_default=True,
+                     help="context: the longest context, then concurrency; throughput: the most "
+                     "sequences at --min-context; quality: no weight quantization unless needed."),
+        click.option("--min-context", type=click.IntRange(min=1), default=1, show_default=True,
+                     help="The shortest context acceptable."),
+        click.option("--concurrency", type=click.IntRange(min=1),
+                     help="Sequences that must run at once at the chosen context."),
+        click.option("--max-model-len", type=click.IntRange(min=1), help="A cap on the context."),
+        click.option("--no-quantize", is_flag=True, help="Never quantize the weights."),
+        click.option("--allow-offload", is_flag=True, help="Allow CPU offload of weights (slow)."),
+        click.option("--gpu-memory-utilization", type=click.FloatRange(0, 1, min_open=True),
+                     help="Fix the fraction vLLM may use (default: vLLM's 0.92)."),
+        click.option("--kv-cache-memory-bytes", metavar="SIZE", help="Fix the KV-cache size."),
+        click.option("--verify/--no-verify", default=None,
+                     help="Prove the plan with the real engine (default: when one is installed)."),
+        click.option("--no-estimate", is_flag=True,
+                     help="Launch at the requested context and let the engine's messages guide."),
+        click.option("--no-cache", is_flag=True, help="Ignore verified plans cached earlier."),
+        click.option("--max-launches", type=click.IntRange(1, 10), default=3, show_default=True),
+        click.option("--timeout", type=float, default=900.0, show_default=True,
+                     help="Seconds one launch may take to become ready."),
+        click.option("--revision", help="Hub revision (forces a Hub lookup)."),
+    ]  # fmt: skip
+    for option in reversed(options):
+        f = option(f)
+    return f
 
-    MODEL is a local folder, a Hugging Face id, or a catalog name. Exits 3 when nothing
-    fits (with the shortfall and the ways out), 4 when the engine fails otherwise.
 
-    \b
-    Examples:
-      oominfer fit meta-llama/Llama-3.1-8B-Instruct --gpu L4 -o plan.json
-      oominfer fit Qwen/Qwen3-32B --gpu H100 --gpus 2 --prefer throughput --min-context 32768
-      oominfer fit ./my-model --device cpu --memory 6GiB
-    """
-    from pathlib import Path
-
+def run_fit(model: str, opts: dict[str, Any]) -> tuple[Any, Any, Any, str]:
+    """Fit MODEL with the parsed fit flags: (spec, hardware, FitResult, device)."""
     from oominfer.estimate import Hardware
-    from oominfer.fit import fit as run_fit
+    from oominfer.fit import fit as fit_model
     from oominfer.gpus import GpuSpec
     from oominfer.models import load_spec
     from oominfer.planner import Constraints
-    from oominfer.probe import EngineProber, engine_installed, engine_version
+    from oominfer.probe import (
+        EngineProber,
+        engine_installed,
+        engine_version,
+        interrupts_kill_engines,
+    )
     from oominfer.units import parse_size
 
-    device = device or ("cpu" if memory else "cuda")
+    engine = opts["engine"]
+    device = opts["device"] or ("cpu" if opts["memory"] else "cuda")
     if device == "cpu":
-        if gpu or gpu_memory:
+        if opts["gpu"] or opts["gpu_memory"]:
             raise InvalidSettingError("--device cpu takes --memory, not --gpu/--gpu-memory.")
-        budget = parse_size(memory) if memory else _cpu_memory_bytes()
+        budget = parse_size(opts["memory"]) if opts["memory"] else _cpu_memory_bytes()
         hardware = Hardware(gpu=GpuSpec.custom(budget), count=1)
     else:
-        hardware = build_hardware(gpu, gpus, gpu_memory)
+        hardware = build_hardware(opts["gpu"], opts["gpus"], opts["gpu_memory"])
+    kv_bytes = opts["kv_cache_memory_bytes"]
     constraints = Constraints(
-        prefer=prefer,  # type: ignore[arg-type]
-        min_context=min_context,
-        concurrency=concurrency,
-        max_model_len=max_model_len,
-        no_quantize=no_quantize,
-        allow_offload=allow_offload,
-        gpu_memory_utilization=gpu_memory_utilization,
-        kv_cache_memory_bytes=parse_size(kv_cache_memory_bytes) if kv_cache_memory_bytes else None,
+        prefer=opts["prefer"],
+        min_context=opts["min_context"],
+        concurrency=opts["concurrency"],
+        max_model_len=opts["max_model_len"],
+        no_quantize=opts["no_quantize"],
+        allow_offload=opts["allow_offload"],
+        gpu_memory_utilization=opts["gpu_memory_utilization"],
+        kv_cache_memory_bytes=parse_size(kv_bytes) if kv_bytes else None,
     )
-    spec = load_spec(model, revision=revision)
+    spec = load_spec(model, revision=opts["revision"])
     installed = engine_installed(engine)
+    verify = opts["verify"]
     if verify is None:
         from oominfer.detect import detect_gpus
 
@@ -393,26 +359,111 @@ def fit(model: str, gpu: str | None, gpus: int, gpu_memory: str | None, device: 
     def progress(elapsed: float, phase: str) -> None:
         click.echo(f"  [{elapsed:5.0f} s] {phase}", err=True)
 
-    prober = EngineProber(deadline_seconds=timeout, on_progress=progress) if verify else None
-    if prober is not None:
+    prober = None
+    if verify:
+        prober = EngineProber(deadline_seconds=opts["timeout"], on_progress=progress)
         click.echo(f"Verifying with {engine_version(engine)} (logs in {prober.workdir})", err=True)
-    from oominfer.probe import interrupts_kill_engines
-
     with interrupts_kill_engines():
-        result = run_fit(
-            spec, hardware, constraints, engine=engine, device=device, dtype=dtype,  # type: ignore[arg-type]
+        result = fit_model(
+            spec, hardware, constraints, engine=engine, device=device, dtype=opts["dtype"],
             prober=prober, engine_version=engine_version(engine) if installed else None,
-            use_estimate=not no_estimate, max_launches=max_launches, use_cache=not no_cache,
+            use_estimate=not opts["no_estimate"], max_launches=opts["max_launches"],
+            use_cache=not opts["no_cache"],
         )  # fmt: skip
-    plan = result.plan
-    if output:
-        Path(output).write_text(plan.to_json())
-    if as_json:
-        click.echo(plan.to_json(), nl=False)
-        return
+    return spec, hardware, result, device
+
+
+@main.command()
+@click.argument("model")
+@fit_options
+@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True),
+              help="Write the plan here.")  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON on stdout.")
+def fit(model: str, output: str | None, as_json: bool, **opts: Any) -> None:
+    """Plan the serving configuration that fits, prove it with the real engine, write it.
+
+    MODEL is a local folder, a Hugging Face id, or a catalog name. Exits 3 when nothing
+    fits (with the shortfall and the ways out), 4 when the engine fails otherwise.
+
+    \b
+    Examples:
+      oominfer fit meta-llama/Llama-3.1-8B-Instruct --gpu L4 -o plan.json
+      oominfer fit Qwen/Qwen3-32B --gpu H100 --gpus 2 --prefer throughput --min-context 32768
+      oominfer fit ./my-model --device cpu --memory 6GiB
+    """
+    from pathlib import Path
+
     from oominfer.report import fit_report
 
+    spec, hardware, result, device = run_fit(model, opts)
+    if output:
+        Path(output).write_text(result.plan.to_json())
+    if as_json:
+        click.echo(result.plan.to_json(), nl=False)
+        return
     for line in fit_report(spec, hardware, result, device=device):
         click.echo(line)
     if output:
         click.echo(f"Wrote {output}")
+
+
+@main.command(context_settings={"ignore_unknown_options": True})
+@click.argument("target")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True)
+@click.option("--api-key", envvar="OOMINFER_API_KEY",
+              help="Require this bearer token (also $OOMINFER_API_KEY).")  # fmt: skip
+@click.option("--require-verified", is_flag=True, help="Refuse a plan the engine never ran.")
+@fit_options
+@click.argument("extra", nargs=-1, type=click.UNPROCESSED)
+def serve(target: str, host: str, port: int, api_key: str | None, require_verified: bool,
+          extra: tuple[str, ...], **opts: Any) -> None:  # fmt: skip
+    """Serve a plan (or fit MODEL first) behind the OpenAI API.
+
+    TARGET is a plan.json written by `oominfer fit`, or a model (then the fit flags apply).
+    Flags after `--` go to vLLM; one that the plan sets must agree with it. Exits with the
+    engine's status.
+
+    \b
+    Examples:
+      oominfer serve plan.json --port 8000
+      oominfer serve ./my-model --device cpu --memory 6GiB --engine transformers
+      oominfer serve plan.json -- --enable-prefix-caching
+    """
+    from pathlib import Path
+
+    from oominfer.plan import PlanError, plan_from_json
+    from oominfer.serve import run
+    from oominfer.settings import to_vllm_args
+
+    if target.endswith(".json") and Path(target).is_file():
+        plan = plan_from_json(Path(target).read_text(), source=target)
+    elif target.endswith(".json"):
+        raise PlanError(f"no plan file at {target}.", hint="Write one with `oominfer fit -o`.")
+    else:
+        plan = run_fit(target, opts)[2].plan
+    if not plan.verified:
+        if require_verified:
+            raise PlanError(
+                f"the plan for {plan.model_id} was never verified by the engine.",
+                hint="Run `oominfer fit` with --verify where the engine is installed.",
+            )
+        click.secho("Warning: this plan was not verified by the engine.", err=True, fg="yellow")
+    state = "verified" if plan.verified else "unverified"
+    click.echo(
+        f"Serving {plan.model_id} ({plan.engine}, {state} plan) on http://{host}:{port}: "
+        + " ".join(to_vllm_args(plan.settings)),
+        err=True,
+    )
+    status = run(plan, host=host, port=port, extra=list(extra), api_key=api_key,
+                 on_failure=lambda why: click.secho(why, err=True, fg="red"))  # fmt: skip
+    raise SystemExit(status)
+
+
+def _register_k8s() -> None:
+    from oominfer.k8s_cli import k8s_command
+
+    main.add_command(k8s_command)
+
+
+_register_k8s()

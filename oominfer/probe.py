@@ -148,13 +148,19 @@ def _amx_sitecustomize(folder: Path) -> Path:
 
 
 def engine_argv(
-    model: str, settings: VllmSettings, *, engine: str, port: int, python: str
+    model: str,
+    settings: VllmSettings,
+    *,
+    engine: str,
+    port: int,
+    python: str,
+    host: str = "127.0.0.1",
 ) -> list[str]:
-    """The command that serves ``model`` with ``settings`` on ``port``."""
+    """The command that serves ``model`` with ``settings`` on ``host:port``."""
     if engine == "vllm":
-        return serve_argv(model, settings, port=port, python=python)
-    argv = [python, "-m", "oominfer.backends.hf_server", "--model", model, "--host",
-            "127.0.0.1", "--port", str(port), "--dtype", settings.dtype]  # fmt: skip
+        return serve_argv(model, settings, host=host, port=port, python=python)
+    argv = [python, "-m", "oominfer.backends.hf_server", "--model", model, "--host", host,
+            "--port", str(port), "--dtype", settings.dtype]  # fmt: skip
     if settings.quantization:
         argv += ["--quantization", settings.quantization]
     if settings.max_model_len:
