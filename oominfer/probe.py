@@ -180,6 +180,8 @@ class EngineProber:
     on_progress: Callable[[float, str], None] | None = None
     """Called every few seconds with (elapsed seconds, phase read from the log)."""
     launches: int = 0
+    extra_args: tuple[str, ...] = ()
+    """Flags appended to the engine's command line (benchmarks compare vLLM's own recipes)."""
 
     def __call__(
         self, model: str, settings: VllmSettings, *, engine: str, device: str
@@ -190,6 +192,7 @@ class EngineProber:
         log_path = self.workdir / f"probe-{self.launches}-{engine}.log"
         port = free_port()
         argv = engine_argv(model, settings, engine=engine, port=port, python=self.python)
+        argv += self.extra_args
         env = dict(os.environ)
         if settings.kv_cache_memory_bytes is not None:
             env.pop("VLLM_CPU_KVCACHE_SPACE", None)  # it would override the flag
