@@ -10,8 +10,8 @@ $(BIN)/oominfer:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q -e .
 
-demo: $(BIN)/oominfer  ## base install (no torch, no GPU), then plan a catalog model offline
-	$(BIN)/oominfer estimate meta-llama/Llama-3.1-8B-Instruct --gpu L4 --max-model-len 16384
+demo: $(BIN)/oominfer  ## base install (no torch, no GPU), then fit a catalog model offline
+	$(BIN)/oominfer fit meta-llama/Llama-3.1-8B-Instruct --gpu L4 --no-verify -o plan.json
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -39,6 +39,10 @@ pytest: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/calibration.py
 	$(BIN)/python bench/estimate_speed.py
+	$(BIN)/python bench/fit_launches.py
+
+manifests: $(BIN)/oominfer  ## regenerate deploy/k8s from its plans
+	$(BIN)/python tools/make_k8s_examples.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
