@@ -1,0 +1,627 @@
+"""The transformers backend (oominfer.backends.hf_server) as real servers on 127.0.0.1.
+
+Each server is a child process in its own process group, driven by the ``openai`` client and
+httpx. One module-scoped server (with an API key, a small queue and max_model_len 256) serves
+most tests; the out-of-memory, SIGTERM and bitsandbytes tests start their own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from engine_util import free_port
+
+pytestmark = pytest.mark.slow
+
+API_KEY = "sk-oominfer-test"
+MODEL_NAME = "tiny"
+MAX_MODEL_LEN = 256
+START_DEADLINE_S = 120.0
+
+
+class HfServer:
+    """``python -m oominfer.backends.hf_server`` in its own process group."""
+
+    def __init__(
+        self,
+        model_dir: Path,
+        log_path: Path,
+        *,
+        args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        self.argv = [
+            sys.executable, "-m", "oominfer.backends.hf_server",
+            "--model", str(model_dir), "--host", "127.0.0.1", "--port", str(self.port),
+            "--served-model-name", MODEL_NAME, *args,
+        ]  # fmt: skip
+        self.env = {**os.environ, **(env or {})}
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> HfServer:
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                self.argv, stdout=log, stderr=subprocess.STDOUT, env=self.env,
+                start_new_session=True,
+            )  # fmt: skip
+        deadline = time.monotonic() + START_DEADLINE_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                pytest.fail(f"server exited with {self.proc.returncode}:\n{self.log()}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return self
+            time.sleep(0.25)
+        self.stop()
+        pytest.fail(f"server not healthy after {START_DEADLINE_S} s:\n{self.log()}")
+
+    def log(self, lines: int = 80) -> str:
+        text = self.log_path.read_text(errors="replace")
+        return "\n".join(text.splitlines()[-lines:])
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self) -> None:
+        """SIGTERM the group, then SIGKILL whatever is left; only our own pid's group."""
+        if self.proc is None:
+            return
+        pgid = self.proc.pid
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def __enter__(self) -> HfServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def client(server: HfServer, *, key: str = API_KEY) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0, timeout=60)
+
+
+def auth(key: str = API_KEY) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def metrics(server: HfServer) -> dict[str, float]:
+    """The unlabelled samples of /metrics, plus labelled ones under their full name."""
+    text = httpx.get(server.url + "/metrics", timeout=10).text
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+def sse_events(lines: Sequence[str]) -> tuple[list[dict[str, Any]], bool]:
+    """The JSON events of a server-sent-event stream, and whether it ended with [DONE]."""
+    data = [line[len("data: ") :] for line in lines if line.startswith("data: ")]
+    done = bool(data) and data[-1] == "[DONE]"
+    return [json.loads(d) for d in data if d != "[DONE]"], done
+
+
+def assert_openai_error(response: httpx.Response, status: int | tuple[int, ...]) -> dict[str, Any]:
+    statuses = (status,) if isinstance(status, int) else status
+    assert response.status_code in statuses, response.text
+    body = response.json()
+    assert set(body) == {"error"}, body
+    error = body["error"]
+    assert set(error) == {"message", "type", "param", "code"}, error
+    assert isinstance(error["message"], str) and error["message"], error
+    return dict(error)
+
+
+@pytest.fixture(scope="module")
+def server(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[HfServer]:
+    """float32, max_model_len 256, 4 sequences per batch, 16 waiting, API key from the env."""
+    log = tmp_path_factory.mktemp("hf-server") / "server.log"
+    args = ["--dtype", "float32", "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "4",
+            "--max-queue", "16"]  # fmt: skip
+    with HfServer(tiny_llama, log, args=args, env={"OOMINFER_API_KEY": API_KEY}) as srv:
+        yield srv
+        assert srv.alive(), srv.log()
+
+
+# the API
+
+
+def test_models_and_health(server: HfServer) -> None:
+    models = client(server).models.list()
+    assert [m.id for m in models.data] == [MODEL_NAME]
+    raw = httpx.get(server.url + "/v1/models", headers=auth()).json()
+    assert raw["data"][0]["max_model_len"] == MAX_MODEL_LEN
+    health = httpx.get(server.url + "/health")  # open without the key
+    assert health.status_code == 200, health.text
+    assert health.json() == {"status": "ok"}
+
+
+def test_plan_is_logged(server: HfServer) -> None:
+    log = server.log(lines=400)
+    assert "dtype=float32" in log
+    assert "max_model_len=256 max_num_seqs=4" in log
+    assert "api_key=set" in log
+    assert API_KEY not in log
+
+
+def test_completion(server: HfServer) -> None:
+    c = client(server)
+    first = c.completions.create(
+        model=MODEL_NAME, prompt="The quick brown fox", max_tokens=8, temperature=0,
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    again = c.completions.create(
+        model=MODEL_NAME, prompt="The quick brown fox", max_tokens=8, temperature=0,
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    assert first.object == "text_completion"
+    assert first.choices[0].finish_reason == "length"
+    assert first.usage is not None and first.usage.completion_tokens == 8
+    assert first.usage.prompt_tokens > 0
+    assert first.choices[0].text == again.choices[0].text  # greedy is deterministic
+
+
+def test_completion_sampling_with_seed(server: HfServer) -> None:
+    c = client(server)
+    texts = [
+        c.completions.create(
+            model=MODEL_NAME, prompt="Hello", max_tokens=6, temperature=0.9, top_p=0.9, seed=7,
+            extra_body={"ignore_eos": True},
+        ).choices[0].text
+        for _ in range(2)
+    ]  # fmt: skip
+    assert texts[0] == texts[1]
+
+
+def test_chat(server: HfServer) -> None:
+    reply = client(server).chat.completions.create(
+        model=MODEL_NAME,
+        messages=[
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "What is the weather like?"},
+        ],
+        max_tokens=6,
+        temperature=0,
+    )
+    assert reply.object == "chat.completion"
+    assert reply.choices[0].message.role == "assistant"
+    assert isinstance(reply.choices[0].message.content, str)
+    assert reply.choices[0].finish_reason in ("stop", "length")
+    assert reply.usage is not None and 1 <= reply.usage.completion_tokens <= 6
+    # the template wraps each message in role markers: more tokens than the text alone
+    assert reply.usage.prompt_tokens > 10
+
+
+def test_streaming_completion_ends_with_done(server: HfServer) -> None:
+    body = {"model": MODEL_NAME, "prompt": "Numbers: 0 1 2", "max_tokens": 12, "temperature": 0,
+            "ignore_eos": True}  # fmt: skip
+    whole = httpx.post(server.url + "/v1/completions", json=body, headers=auth(), timeout=60)
+    assert whole.status_code == 200, whole.text
+    with httpx.stream(
+        "POST", server.url + "/v1/completions", headers=auth(), timeout=60,
+        json={**body, "stream": True, "stream_options": {"include_usage": True}},
+    ) as response:  # fmt: skip
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        lines = list(response.iter_lines())
+    events, done = sse_events(lines)
+    assert done, lines[-3:]
+    assert all(e["object"] == "text_completion" for e in events)
+    text = "".join(c["text"] for e in events for c in e["choices"])
+    assert text == whole.json()["choices"][0]["text"]
+    reasons = [c["finish_reason"] for e in events for c in e["choices"] if c["finish_reason"]]
+    assert reasons == ["length"]
+    assert events[-1]["usage"]["completion_tokens"] == 12
+
+
+def test_streaming_chat_with_openai_client(server: HfServer) -> None:
+    c = client(server)
+    messages: list[Any] = [{"role": "user", "content": "Hello! How are you today?"}]
+    whole = c.chat.completions.create(
+        model=MODEL_NAME, messages=messages, max_tokens=10, temperature=0
+    )
+    stream = c.chat.completions.create(
+        model=MODEL_NAME, messages=messages, max_tokens=10, temperature=0, stream=True
+    )
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert all(ch.object == "chat.completion.chunk" for ch in chunks)
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert text == whole.choices[0].message.content
+    assert chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason
+
+
+def test_metrics(server: HfServer) -> None:
+    client(server).completions.create(model=MODEL_NAME, prompt="Hi", max_tokens=2)
+    response = httpx.get(server.url + "/metrics")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain")
+    m = metrics(server)
+    assert m['oominfer_requests_total{path="/v1/completions",status="200"}'] >= 1
+    assert m["oominfer_prompt_tokens_total"] > 0
+    assert m["oominfer_generation_tokens_total"] >= 2
+    for gauge in ("oominfer_queue_depth", "oominfer_batch_size", "oominfer_max_num_seqs",
+                  "oominfer_kv_cache_bytes"):  # fmt: skip
+        assert gauge in m
+    assert m["oominfer_max_num_seqs"] == 4
+    assert m["process_resident_memory_bytes"] > 50 * 2**20
+    assert m["oominfer_model_weights_bytes"] > 0
+
+
+# errors
+
+BAD_REQUESTS = [
+    # (endpoint, raw body, expected param or None)
+    ("completions", b'{"prompt": "hi", ', None),  # malformed JSON
+    ("completions", b"[1, 2, 3]", None),  # not an object
+    ("completions", b"", None),  # no body
+    ("completions", b'{"max_tokens": 5}', "prompt"),  # missing field
+    ("completions", b'{"prompt": "hi", "max_tokens": "ten"}', "max_tokens"),
+    ("completions", b'{"prompt": "hi", "max_tokens": -1}', "max_tokens"),
+    ("completions", b'{"prompt": "hi", "max_tokens": 2.5}', "max_tokens"),
+    ("completions", b'{"prompt": "hi", "temperature": "hot"}', "temperature"),
+    ("completions", b'{"prompt": "hi", "temperature": 9}', "temperature"),
+    ("completions", b'{"prompt": "hi", "stream": "yes"}', "stream"),
+    ("completions", b'{"prompt": 42}', "prompt"),
+    ("completions", b'{"prompt": [999999]}', "prompt"),  # token id outside the vocabulary
+    ("completions", b'{"prompt": ""}', "prompt"),
+    ("completions", b'{"prompt": "hi", "n": 2}', "n"),
+    ("chat/completions", b'{"max_tokens": 5}', "messages"),
+    ("chat/completions", b'{"messages": "hello"}', "messages"),
+    ("chat/completions", b'{"messages": []}', "messages"),
+    ("chat/completions", b'{"messages": [{"content": "no role"}]}', "messages.0.role"),
+    ("chat/completions", b'{"messages": [{"role": "user", "content": 5}]}', None),
+]
+
+
+@pytest.mark.parametrize(("endpoint", "body", "param"), BAD_REQUESTS)
+def test_bad_request_is_400_in_openai_shape(
+    server: HfServer, endpoint: str, body: bytes, param: str | None
+) -> None:
+    response = httpx.post(
+        f"{server.url}/v1/{endpoint}",
+        content=body,
+        headers={**auth(), "Content-Type": "application/json"},
+        timeout=30,
+    )
+    error = assert_openai_error(response, (400, 422))
+    assert error["type"] == "invalid_request_error"
+    if param is not None:
+        assert error["param"] == param, error
+
+
+def test_unknown_model_is_404(server: HfServer) -> None:
+    with pytest.raises(openai.NotFoundError) as info:
+        client(server).completions.create(model="gpt-17", prompt="hi", max_tokens=2)
+    assert "tiny" in str(info.value)
+
+
+def test_over_long_prompt_is_400_with_the_numbers(server: HfServer) -> None:
+    prompt = "The quick brown fox jumps over the lazy dog. " * 40
+    response = httpx.post(
+        server.url + "/v1/completions", headers=auth(), timeout=30,
+        json={"model": MODEL_NAME, "prompt": prompt, "max_tokens": 10},
+    )  # fmt: skip
+    error = assert_openai_error(response, 400)
+    assert error["type"] == "invalid_request_error"
+    assert error["code"] == "context_length_exceeded"
+    m = re.search(
+        r"maximum context length is (\d+) tokens.*requested (\d+) tokens \((\d+) in the prompt, "
+        r"(\d+) in the completion\)",
+        error["message"],
+    )
+    assert m, error["message"]
+    limit, total, prompt_tokens, completion = (int(g) for g in m.groups())
+    assert (limit, completion) == (MAX_MODEL_LEN, 10)
+    assert total == prompt_tokens + 10 and prompt_tokens > MAX_MODEL_LEN
+
+    with pytest.raises(openai.BadRequestError) as info:
+        client(server).chat.completions.create(
+            model=MODEL_NAME, messages=[{"role": "user", "content": "hi"}], max_tokens=300
+        )
+    assert "256" in str(info.value) and "300" in str(info.value)
+
+
+def test_api_key(server: HfServer) -> None:
+    missing = httpx.post(server.url + "/v1/completions", json={"prompt": "hi"})
+    error = assert_openai_error(missing, 401)
+    assert error["code"] == "invalid_api_key"
+    wrong = httpx.get(server.url + "/v1/models", headers=auth("sk-wrong"))
+    assert_openai_error(wrong, 401)
+    with pytest.raises(openai.AuthenticationError):
+        client(server, key="sk-wrong").models.list()
+    assert httpx.get(server.url + "/health").status_code == 200
+
+
+# load
+
+
+async def _load_client(
+    http: httpx.AsyncClient, url: str, index: int, requests: int, statuses: Counter[int]
+) -> int:
+    """Send ``requests`` requests, retrying on 429 as Retry-After says; return successes."""
+    ok = 0
+    for r in range(requests):
+        kind = (index + r) % 3
+        if kind == 2:
+            path = "/v1/chat/completions"
+            body: dict[str, Any] = {"messages": [{"role": "user", "content": f"Hi {index} {r}"}]}
+        else:
+            path = "/v1/completions"
+            body = {"prompt": f"Request {index}.{r}: the quick brown fox"}
+        body |= {"max_tokens": 4 + (index * 7 + r) % 13, "temperature": 0.7, "stream": kind == 1}
+        for _attempt in range(60):
+            if kind == 1:
+                async with http.stream("POST", url + path, json=body) as response:
+                    lines = [line async for line in response.aiter_lines()]
+            else:
+                response = await http.post(url + path, json=body)
+                lines = []
+            statuses[response.status_code] += 1
+            if response.status_code == 429:
+                assert response.headers["Retry-After"] == "1"
+                await asyncio.sleep(float(response.headers["Retry-After"]) / 4)
+                continue
+            assert response.status_code == 200, (response.status_code, lines or response.text)
+            if kind == 1:
+                events, done = sse_events(lines)
+                assert done and not any("error" in e for e in events), lines[-3:]
+            ok += 1
+            break
+    return ok
+
+
+def test_load_no_5xx_and_bounded_memory(server: HfServer) -> None:
+    clients, per_client = 48, 10
+    before = metrics(server)["process_resident_memory_bytes"]
+    statuses: Counter[int] = Counter()
+    rss: list[float] = []
+
+    async def watch(stop: asyncio.Event) -> None:
+        async with httpx.AsyncClient(timeout=10) as http:
+            while not stop.is_set():
+                text = (await http.get(server.url + "/metrics")).text
+                rss.append(
+                    float(re.findall(r"^process_resident_memory_bytes (\S+)$", text, re.M)[0])
+                )
+                await asyncio.sleep(0.2)
+
+    async def run() -> list[int]:
+        stop = asyncio.Event()
+        watcher = asyncio.create_task(watch(stop))
+        limits = httpx.Limits(max_connections=clients + 4)
+        async with httpx.AsyncClient(headers=auth(), timeout=60, limits=limits) as http:
+            done = await asyncio.wait_for(
+                asyncio.gather(
+                    *(_load_client(http, server.url, i, per_client, statuses)
+                      for i in range(clients))
+                ),
+                timeout=120,
+            )  # fmt: skip
+        stop.set()
+        await watcher
+        return done
+
+    started = time.monotonic()
+    done = asyncio.run(run())
+    elapsed = time.monotonic() - started
+    assert sum(done) == clients * per_client, (statuses, server.log())
+    assert not [s for s in statuses if s >= 500], statuses
+    assert set(statuses) <= {200, 429}, statuses
+    assert statuses[429] > 0, f"the queue of 16 never filled: {statuses}"  # bounded queue
+    assert server.alive(), server.log()
+    assert httpx.get(server.url + "/health").status_code == 200
+    after = metrics(server)
+    assert after["oominfer_queue_depth"] == 0 and after["oominfer_batch_size"] == 0
+    assert max(rss) - before < 400 * 2**20, (before, max(rss))
+    assert after["process_resident_memory_bytes"] - before < 300 * 2**20
+    print(f"load: {clients}x{per_client} in {elapsed:.1f} s, {dict(statuses)}, "
+          f"RSS {before / 2**20:.0f} -> max {max(rss) / 2**20:.0f} MiB")  # fmt: skip
+
+
+# out of memory
+
+
+def test_injected_oom_mid_batch_loses_no_request(
+    server: HfServer, tiny_llama: Path, tmp_path: Path
+) -> None:
+    prompts = [f"Request {i}: Hello! How are you today?" for i in range(8)]
+    body: dict[str, Any] = {"model": MODEL_NAME, "max_tokens": 24, "temperature": 0,
+                            "ignore_eos": True}  # fmt: skip
+    # the reference: the shared server (same weights, same dtype, no fault)
+    expected = [
+        httpx.post(server.url + "/v1/completions", headers=auth(), timeout=60,
+                   json={**body, "prompt": p}).json()["choices"][0]["text"]
+        for p in prompts
+    ]  # fmt: skip
+    args = ["--dtype", "float32", "--max-model-len", "256", "--max-num-seqs", "4"]
+    with HfServer(
+        tiny_llama, tmp_path / "oom.log", args=args, env={"OOMINFER_TEST_OOM_AT": "3"}
+    ) as oom:
+
+        async def one(http: httpx.AsyncClient, prompt: str, stream: bool) -> tuple[int, str]:
+            if not stream:
+                r = await http.post(oom.url + "/v1/completions", json={**body, "prompt": prompt})
+                assert r.status_code == 200, r.text
+                choice = r.json()["choices"][0]
+                assert choice["finish_reason"] == "length"
+                assert r.json()["usage"]["completion_tokens"] == 24
+                return r.status_code, str(choice["text"])
+            payload = {**body, "prompt": prompt, "stream": True}
+            async with http.stream("POST", oom.url + "/v1/completions", json=payload) as r:
+                lines = [line async for line in r.aiter_lines()]
+            events, done = sse_events(lines)
+            assert done and not any("error" in e for e in events), lines
+            return r.status_code, "".join(c["text"] for e in events for c in e["choices"])
+
+        async def run() -> list[tuple[int, str]]:
+            async with httpx.AsyncClient(timeout=60) as http:
+                return await asyncio.gather(*(one(http, p, i % 2 == 1)
+                                              for i, p in enumerate(prompts)))  # fmt: skip
+
+        results = asyncio.run(run())
+        assert [status for status, _ in results] == [200] * len(prompts)
+        assert [text for _, text in results] == expected
+        m = metrics(oom)
+        assert m["oominfer_oom_recoveries_total"] == 1, oom.log()
+        assert m["oominfer_oom_failures_total"] == 0
+        assert "injected out-of-memory error at forward pass 3" in oom.log()
+        assert oom.alive()
+        # the server keeps serving batches after the recovery
+        assert client(oom).completions.create(model=MODEL_NAME, prompt="hi", max_tokens=3)
+
+
+def test_single_request_that_cannot_fit_fails_alone(tiny_llama: Path) -> None:
+    """In-process: a fault that fails any forward over 40 positions (the long prompt's
+    prefill, even alone) fails that request with 507; the short ones finish."""
+    import threading
+
+    import torch
+
+    from oominfer.backends import hf_server as hf
+
+    config = hf.resolve_config(hf.parse_args(["--model", str(tiny_llama), "--dtype", "float32"]))
+    engine = hf.Engine.load(config)
+
+    def fault(input_ids: torch.Tensor) -> None:
+        if input_ids.shape[1] > 40:
+            raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate")
+
+    engine.fault = fault
+    metric = hf.Metrics()
+    scheduler = hf.Scheduler(engine, max_num_seqs=4, max_queue=16, metrics=metric)
+    finished: dict[int, hf.Event] = {}
+    all_done = threading.Event()
+
+    def emitter(i: int) -> Any:
+        def emit(event: hf.Event) -> None:
+            if not isinstance(event, hf.TokenEvent):
+                finished[i] = event
+                if len(finished) == 4:
+                    all_done.set()
+
+        return emit
+
+    prompts = [[5, 6, 7], list(range(3, 63)), [8, 9], [10, 11, 12, 13]]
+    for i, prompt in enumerate(prompts):  # all queued before the worker starts: one group
+        seq = hf.Seq(prompt=prompt, max_tokens=10, temperature=0, ignore_eos=True)
+        seq.emit = emitter(i)
+        scheduler.submit(seq)
+    scheduler.start()
+    try:
+        assert all_done.wait(60), finished
+    finally:
+        scheduler.close()
+    failed = finished[1]
+    assert isinstance(failed, hf.ErrorEvent)
+    assert failed.error.status == 507
+    assert "60 prompt tokens" in failed.error.message
+    for i in (0, 2, 3):
+        event = finished[i]
+        assert isinstance(event, hf.FinishEvent), event
+        assert event.reason == "length" and event.completion_tokens == 10
+    assert metric.oom_failures == 1
+    assert metric.oom_recoveries >= 1  # the first group of 4 was split before
+
+
+# shutdown
+
+
+def test_sigterm_during_streaming_loses_nothing(tiny_llama: Path, tmp_path: Path) -> None:
+    args = ["--dtype", "float32", "--max-model-len", "512", "--max-num-seqs", "4",
+            "--grace-period", "60"]  # fmt: skip
+    srv = HfServer(tiny_llama, tmp_path / "term.log", args=args).start()
+    assert srv.proc is not None
+    max_tokens = 480
+    try:
+
+        async def stream(http: httpx.AsyncClient, i: int, started: asyncio.Event) -> Any:
+            payload = {"prompt": f"Stream {i}", "max_tokens": max_tokens, "temperature": 0,
+                       "ignore_eos": True, "stream": True,
+                       "stream_options": {"include_usage": True}}  # fmt: skip
+            lines: list[str] = []
+            async with http.stream("POST", srv.url + "/v1/completions", json=payload) as r:
+                async for line in r.aiter_lines():
+                    lines.append(line)
+                    if line.startswith("data: {"):
+                        started.set()
+            return r.status_code, lines
+
+        async def run() -> tuple[list[Any], int]:
+            async with httpx.AsyncClient(timeout=120) as http:
+                started = [asyncio.Event() for _ in range(4)]
+                tasks = [asyncio.create_task(stream(http, i, started[i])) for i in range(4)]
+                await asyncio.wait_for(asyncio.gather(*(s.wait() for s in started)), 60)
+                assert srv.proc is not None
+                os.kill(srv.proc.pid, signal.SIGTERM)
+                await asyncio.sleep(0.05)
+                late = await http.post(srv.url + "/v1/completions", json={"prompt": "late"})
+                assert_openai_error(late, 503)
+                assert late.headers["Retry-After"]
+                return await asyncio.gather(*tasks), late.status_code
+
+        results, _ = asyncio.run(run())
+        for status, lines in results:
+            assert status == 200
+            events, done = sse_events(lines)
+            assert done, lines[-3:]
+            assert not any("error" in e for e in events), lines[-3:]
+            assert events[-1]["usage"]["completion_tokens"] == max_tokens
+        assert srv.proc.wait(timeout=60) == 0, srv.log()
+        with pytest.raises(ProcessLookupError):  # nothing of the group outlives the server
+            os.killpg(srv.proc.pid, 0)
+        assert "Shutting down: refusing new requests" in srv.log()
+    finally:
+        srv.stop()
+
+
+# bitsandbytes
+
+
+@pytest.mark.parametrize("quantization", ["int8", "bitsandbytes"])
+def test_bitsandbytes_loads_generate(tiny_llama: Path, tmp_path: Path, quantization: str) -> None:
+    args = ["--quantization", quantization, "--max-model-len", "128", "--max-num-seqs", "2"]
+    with HfServer(tiny_llama, tmp_path / f"{quantization}.log", args=args) as srv:
+        c = client(srv)
+        replies = [
+            c.completions.create(
+                model=MODEL_NAME, prompt=p, max_tokens=6, temperature=0,
+                extra_body={"ignore_eos": True},
+            )
+            for p in ("Hello", "The quick brown fox")
+        ]  # fmt: skip
+        for reply in replies:
+            assert reply.usage is not None and reply.usage.completion_tokens == 6
+        chat = c.chat.completions.create(
+            model=MODEL_NAME, messages=[{"role": "user", "content": "hi"}], max_tokens=4
+        )
+        assert chat.choices[0].message.role == "assistant"
+        assert f"quantization={quantization}" in srv.log(400)
+        weights = metrics(srv)["oominfer_model_weights_bytes"]
+        assert 0 < weights < 1_706_624  # smaller than the float32 footprint (1.63 MiB)
