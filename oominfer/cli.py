@@ -414,10 +414,12 @@ def fit(model: str, output: str | None, as_json: bool, **opts: Any) -> None:
 @click.option("--api-key", envvar="OOMINFER_API_KEY",
               help="Require this bearer token (also $OOMINFER_API_KEY).")  # fmt: skip
 @click.option("--require-verified", is_flag=True, help="Refuse a plan the engine never ran.")
+@click.option("--grace-period", type=click.IntRange(min=0), default=30, show_default=True,
+              help="Seconds in-flight requests may take to finish after SIGTERM.")  # fmt: skip
 @fit_options
 @click.argument("extra", nargs=-1, type=click.UNPROCESSED)
 def serve(target: str, host: str, port: int, api_key: str | None, require_verified: bool,
-          extra: tuple[str, ...], **opts: Any) -> None:  # fmt: skip
+          grace_period: int, extra: tuple[str, ...], **opts: Any) -> None:  # fmt: skip
     """Serve a plan (or fit MODEL first) behind the OpenAI API.
 
     TARGET is a plan.json written by `oominfer fit`, or a model (then the fit flags apply).
@@ -456,6 +458,7 @@ def serve(target: str, host: str, port: int, api_key: str | None, require_verifi
         err=True,
     )
     status = run(plan, host=host, port=port, extra=list(extra), api_key=api_key,
+                 grace_period=grace_period,
                  on_failure=lambda why: click.secho(why, err=True, fg="red"))  # fmt: skip
     raise SystemExit(status)
 

@@ -88,9 +88,14 @@ def server_argv(
     port: int,
     extra: Sequence[str] = (),
     api_key: str | None = None,
+    grace_period: int = 30,
     python: str | None = None,
 ) -> list[str]:
-    """The engine command for a plan: vLLM's OpenAI server or oominfer's transformers one."""
+    """The engine command for a plan: vLLM's OpenAI server or oominfer's transformers one.
+
+    ``grace_period``: seconds in-flight requests may take to finish after SIGTERM (vLLM's
+    --shutdown-timeout drains instead of aborting them).
+    """
     argv = engine_argv(
         plan.model_id,
         plan.settings,
@@ -101,7 +106,12 @@ def server_argv(
     )
     if api_key:
         argv += ["--api-key", api_key]
-    return [*argv, *merge_extra(plan, extra)]
+    extras = merge_extra(plan, extra)
+    if plan.engine == "vllm" and "--shutdown-timeout" not in extras:
+        argv += ["--shutdown-timeout", str(grace_period)]
+    elif plan.engine == "transformers":
+        argv += ["--grace-period", str(grace_period)]
+    return [*argv, *extras]
 
 
 def explain_failure(plan: Plan, log_text: str) -> str | None:
@@ -139,11 +149,14 @@ def run(
     port: int = 8000,
     extra: Sequence[str] = (),
     api_key: str | None = None,
+    grace_period: int = 30,
     out: IO[str] | None = None,
     on_failure: Callable[[str], None] | None = None,
 ) -> int:
     """Serve ``plan`` in the foreground; returns the engine's exit status."""
-    argv = server_argv(plan, host=host, port=port, extra=extra, api_key=api_key)
+    argv = server_argv(
+        plan, host=host, port=port, extra=extra, api_key=api_key, grace_period=grace_period
+    )
     env = dict(os.environ)
     if plan.settings.kv_cache_memory_bytes is not None:
         env.pop("VLLM_CPU_KVCACHE_SPACE", None)
@@ -160,8 +173,10 @@ def run(
     )  # fmt: skip
 
     def forward(signum: int, frame: object) -> None:
+        # To the server process only: it drains in-flight requests and stops its own
+        # engine processes; signalling the whole group would kill the engine under it.
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signum)
+            os.kill(proc.pid, signum)
 
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
     kept: collections.deque[str] = collections.deque(maxlen=_KEEP_LINES)
@@ -175,7 +190,7 @@ def run(
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        kill_group(proc.pid, grace=30.0)
+        kill_group(proc.pid, grace=grace_period + 10.0)
     if status not in (0, -signal.SIGTERM, -signal.SIGINT) and on_failure is not None:
         why = explain_failure(plan, "".join(kept))
         if why:
