@@ -110,20 +110,22 @@ def make_plan(
         engine_version=engine_version,
         settings=result.settings,
         predicted=breakdown_json(spec, hardware, result.settings, result.breakdown)["per_gpu"],
-        levers=result.levers + extra_levers,
+        # A lever the engine's measurement turned replaces the planner's lever of that name.
+        levers=tuple(lv for lv in result.levers if lv.name not in {e.name for e in extra_levers})
+        + extra_levers,
         constraints=dataclasses.asdict(constraints),
         verification=verification,
         created_at=_now(),
     )
 
 
-def cache_key(
-    spec: ModelSpec, hardware: Hardware, constraints: Constraints, engine: str, version: str
-) -> str:
-    """Verified plans are cached by model revision, hardware, engine version and constraints."""
+def cache_key(spec: ModelSpec, hardware: Hardware, constraints: Constraints, **inputs: Any) -> str:
+    """Verified plans are cached by model revision, hardware, engine version, constraints and
+    every other input of the fit (engine, device, dtype, estimate or not)."""
     data = json.dumps(
-        [architecture_facts(spec), spec.model_id, hardware_facts(hardware, "x"),
-         dataclasses.asdict(constraints), engine, version],
+        [architecture_facts(spec), spec.model_id,
+         hardware_facts(hardware, str(inputs.get("device"))),
+         dataclasses.asdict(constraints), sorted(inputs.items())],
         sort_keys=True, default=str,
     )  # fmt: skip
     return hashlib.sha256(data.encode()).hexdigest()[:24]
@@ -198,7 +200,8 @@ def fit(
         ProbeFailedError: the engine failed for a reason other than memory.
     """
     version = engine_version or "unknown"
-    key = cache_key(spec, hardware, constraints, engine, version)
+    key = cache_key(spec, hardware, constraints, engine=engine, version=version, device=device,
+                    dtype=dtype, use_estimate=use_estimate)  # fmt: skip
     if prober is not None and use_cache:
         found = cached_plan(key)
         if found is not None:

@@ -177,18 +177,56 @@ def _score(
         )
         b = estimate(spec, hardware=hardware, settings=settings, engine=engine, device=device)
     length = min(cap, b.max_model_len_that_fits)
-    if length < c.min_context or length <= 0:
-        return
-    if c.prefer == "throughput" and c.min_context > 1:
+    if c.prefer == "throughput" and c.min_context > 1 and length >= c.min_context:
         length = c.min_context  # the required context; the rest of the cache goes to concurrency
-    if length != settings.max_model_len:
+    # The activation peak depends on the length (fewer tokens per step for short contexts),
+    # so settle on a length that fits with its own peak.
+    for _ in range(4):
+        if length < c.min_context or length <= 0:
+            return
         settings = dataclasses.replace(settings, max_model_len=length)
         b = estimate(spec, hardware=hardware, settings=settings, engine=engine, device=device)
-        if not b.fits:
-            return
-    if c.concurrency and b.max_concurrency < c.concurrency:
+        if b.fits:
+            break
+        length = min(length - 1, b.max_model_len_that_fits)
+    else:
         return
+    if c.concurrency and b.max_concurrency < c.concurrency:
+        found = _longest_for_concurrency(spec, hardware, engine, device, c, settings)
+        if found is None:
+            return
+        settings, b = found
     yield Candidate(settings=settings, breakdown=b)
+
+
+def _longest_for_concurrency(
+    spec: ModelSpec,
+    hardware: Hardware,
+    engine: Engine,
+    device: str,
+    c: Constraints,
+    settings: VllmSettings,
+) -> tuple[VllmSettings, MemoryBreakdown] | None:
+    """The longest context at which ``c.concurrency`` sequences fit at once (bisection)."""
+    assert c.concurrency is not None and settings.max_model_len is not None
+
+    def at(length: int) -> tuple[VllmSettings, MemoryBreakdown] | None:
+        trial = dataclasses.replace(settings, max_model_len=length)
+        b = estimate(spec, hardware=hardware, settings=trial, engine=engine, device=device)
+        return (trial, b) if b.fits and b.max_concurrency >= (c.concurrency or 1) else None
+
+    lo, hi = c.min_context, settings.max_model_len
+    best = at(lo)
+    if best is None:
+        return None
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        found = at(mid)
+        if found is not None:
+            lo, best = mid, found
+        else:
+            hi = mid - 1
+    return best
 
 
 def _key(cand: Candidate, prefer: Prefer) -> tuple[float, ...]:
@@ -267,20 +305,24 @@ def _with_offload(
     spec: ModelSpec, hardware: Hardware, c: Constraints, *, engine: Engine
 ) -> list[Candidate]:
     """Candidates with the missing weights kept in host memory (--allow-offload)."""
-    settings = VllmSettings(
-        gpu_memory_utilization=c.gpu_memory_utilization or VllmSettings().gpu_memory_utilization,
-        max_model_len=max(c.min_context, 1),
-        max_num_seqs=c.concurrency or 1,
-        enforce_eager=True,
-    )
-    b = estimate(spec, hardware=hardware, settings=settings, engine=engine)
-    need = b.shortfall_bytes + b.kv_bytes_per_token * max(c.min_context, 4096)
-    offload = math.ceil(need / GiB) + 1
-    if offload * GiB >= b.weights_bytes:
-        return []
-    settings = dataclasses.replace(settings, cpu_offload_gb=float(offload))
     cap = min(spec.max_position_embeddings, c.max_model_len or spec.max_position_embeddings)
-    return list(_score(spec, hardware, engine, "cuda", cap, c, settings))
+    for length in dict.fromkeys((cap, min(cap, max(c.min_context, 4096)), c.min_context)):
+        settings = VllmSettings(
+            gpu_memory_utilization=c.gpu_memory_utilization
+            or VllmSettings().gpu_memory_utilization,
+            max_model_len=length,
+            max_num_seqs=c.concurrency or 1,
+            enforce_eager=True,
+        )
+        b = estimate(spec, hardware=hardware, settings=settings, engine=engine)
+        offload = math.ceil(b.shortfall_bytes / GiB) + 1  # a GiB of headroom
+        if offload * GiB >= b.weights_bytes:
+            continue
+        settings = dataclasses.replace(settings, cpu_offload_gb=float(offload))
+        found = list(_score(spec, hardware, engine, "cuda", length, c, settings))
+        if found:
+            return found
+    return []
 
 
 def _does_not_fit(

@@ -46,10 +46,10 @@ EXPECTED: dict[str, tuple[ProbeStatus, int | None, bool]] = {
 
 
 def test_every_data_log_is_covered() -> None:
-    """Each file under data/vllm_logs has an expectation here (or an xfail test below)."""
-    xfailed = {"cuda_oom_611mib_unallocated.txt"}
+    """Each file under data/vllm_logs has an expectation here (or a test of its own below)."""
+    extra = {"cuda_oom_611mib_unallocated.txt"}  # tested on its own below
     on_disk = {p.name for p in LOGS.glob("*.txt")}
-    assert on_disk == set(EXPECTED) | xfailed
+    assert on_disk == set(EXPECTED) | extra
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
@@ -129,11 +129,6 @@ def test_kv_message_wins_over_the_engine_core_crash_line() -> None:
     assert read_log(text).status is ProbeStatus.KV_CACHE_TOO_SMALL
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: fragmented only matches 'X GiB is reserved by PyTorch but unallocated'; "
-    "PyTorch prints MiB below 1 GiB, so 611.60 MiB (>= the 0.5 GiB threshold) is missed",
-)
 def test_fragmented_reads_mib() -> None:
     facts = read_log(log_text("cuda_oom_611mib_unallocated.txt"))
     assert facts.status is ProbeStatus.OUT_OF_MEMORY
@@ -207,10 +202,5 @@ def test_cpu_error_lines_file() -> None:
         assert facts.estimated_max_model_len == 65408
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG (minor): the V0 engine's 'Loading model weights took' / '# GPU blocks' lines "
-    "are not phases, so progress shows 'starting' for a log that loaded and profiled",
-)
 def test_v0_log_phase_advances() -> None:
     assert read_log(log_text("kv_too_small_old_23648.txt")).phase != "starting"

@@ -333,11 +333,6 @@ def test_cache_misses_on_other_inputs() -> None:
     assert len(fresh.calls) == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: cache_key leaves out dtype (and device): fit --dtype float16 after a cached "
-    "bfloat16 fit returns the bfloat16 plan",
-)
 def test_cache_key_includes_the_dtype() -> None:
     run(FakeProber(ProbeStatus.READY))
     prober = FakeProber(ProbeStatus.READY)
@@ -376,13 +371,15 @@ def test_cache_dir_follows_the_environment(
 
 def test_cache_key_is_stable_and_specific() -> None:
     spec = load_spec(LLAMA_8B)
-    a = cache_key(spec, gpu(), Constraints(), "vllm", VERSION)
-    assert a == cache_key(spec, gpu(), Constraints(), "vllm", VERSION)
-    assert a != cache_key(spec, gpu(), Constraints(), "vllm", "vllm 9.9")
-    assert a != cache_key(spec, gpu(), Constraints(), "transformers", VERSION)
-    assert a != cache_key(spec, gpu("L4", 2), Constraints(), "vllm", VERSION)
-    assert a != cache_key(spec, gpu(), Constraints(min_context=8192), "vllm", VERSION)
-    assert a != cache_key(load_spec(SMALL), gpu(), Constraints(), "vllm", VERSION)
+    a = cache_key(spec, gpu(), Constraints(), engine="vllm", version=VERSION)
+    assert a == cache_key(spec, gpu(), Constraints(), engine="vllm", version=VERSION)
+    assert a != cache_key(spec, gpu(), Constraints(), engine="vllm", version="vllm 9.9")
+    assert a != cache_key(spec, gpu(), Constraints(), engine="transformers", version=VERSION)
+    assert a != cache_key(spec, gpu("L4", 2), Constraints(), engine="vllm", version=VERSION)
+    assert a != cache_key(
+        spec, gpu(), Constraints(min_context=8192), engine="vllm", version=VERSION
+    )
+    assert a != cache_key(load_spec(SMALL), gpu(), Constraints(), engine="vllm", version=VERSION)
 
 
 # ---- the plan document -----------------------------------------------------------------

@@ -36,7 +36,6 @@ pytestmark = pytest.mark.slow
 KV_BUDGET = 32 * MiB
 TRUE_MAX_AT_32MIB = (KV_BUDGET // (128 * 512) - 1) * 128  # 65,408
 ENGINE_MARKERS = ("vllm.entrypoints.openai.api_server", "oominfer.backends.hf_server")
-HF_SERVER = Path(__file__).resolve().parents[1] / "oominfer" / "backends" / "hf_server.py"
 
 
 @dataclass
@@ -230,8 +229,6 @@ def test_transformers_verifies_quantized_loads(
     tiny_llama: Path, tmp_path: Path, quantization: str, accept: set[str | None]
 ) -> None:
     """(d): fit --engine transformers proves int8 and nf4 (bitsandbytes) loads on the CPU."""
-    if not HF_SERVER.exists():
-        pytest.xfail("oominfer/backends/hf_server.py (the transformers server) is not there yet")
     memory = _lowest_memory(tiny_llama, accept)
     if quantization == "int8":
         memory = (memory + _lowest_memory(tiny_llama, {None})) // 2

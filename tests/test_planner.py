@@ -200,11 +200,6 @@ def test_8b_on_one_t4_ways_out() -> None:
     check_plan(plan(spec(LLAMA_8B), hw("T4", 2), Constraints()))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: _with_offload scores from max_model_len=1 (a 1-token batch's activations); "
-    "_score then re-estimates at the longest length, which no longer fits, and drops it",
-)
 def test_allow_offload_when_nothing_else_fits() -> None:
     r = plan(spec(LLAMA_8B), hw("T4"), Constraints(allow_offload=True))
     check_plan(r)
@@ -230,12 +225,6 @@ def test_concurrency_honoured_at_min_context() -> None:
         assert cand.breakdown.max_concurrency >= 8
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: with --prefer context, _score fixes the context at the longest that fits "
-    "one sequence and then drops the candidate when fewer than --concurrency fit, instead "
-    "of shortening the context; DoesNotFitError 'short by 1 B' results",
-)
 def test_concurrency_shortens_the_context() -> None:
     r = plan(spec(LLAMA_8B), hw("L4"), Constraints(concurrency=8))
     check_plan(r)

@@ -26,7 +26,7 @@ _KV_TOO_SMALL_OLD: Final = re.compile(
     r"max seq len \((\d+)\) is larger than the maximum number of tokens that can be stored "
     r"in KV cache \((\d+)\)"
 )
-_FRAGMENTED: Final = re.compile(r"([\d.]+) GiB is reserved by PyTorch but unallocated")
+_FRAGMENTED: Final = re.compile(r"([\d.]+) (GiB|MiB) is reserved by PyTorch but unallocated")
 # (pattern, status) in the order they are tried: the most specific first.
 _FAILURES: Final = (
     (re.compile(r"No available memory for the cache blocks"), ProbeStatus.NO_KV_MEMORY),
@@ -45,10 +45,14 @@ _PHASES: Final = (
     ("Starting to load model", "loading weights"),
     ("Loading weights took", "loading weights"),
     ("Model loading took", "profiling memory"),
+    ("Loading model weights took", "profiling memory"),
     ("Memory profiling takes", "profiling memory"),
     ("torch.compile", "compiling"),
     ("Compiling a graph", "compiling"),
     ("Available KV cache memory", "allocating KV cache"),
+    ("# GPU blocks", "allocating KV cache"),
+    ("# CUDA blocks", "allocating KV cache"),
+    ("for KV cache on node", "allocating KV cache"),
     ("KV cache size:", "allocating KV cache"),
     ("Capturing CUDA graph", "capturing CUDA graphs"),
     ("Graph capturing finished", "warming up"),
@@ -95,17 +99,22 @@ def read_log(text: str) -> LogFacts:
     weights = _gib(re.search(r"Model loading took " + _GIB, text)) or _gib(
         re.search(r"Loading (?:model )?weights took " + r"([\d.]+)\s*GB", text)
     )
-    kv_bytes = _gib(re.search(r"Available KV cache memory: " + _GIB, text))
+    kv_bytes = _gib(re.search(r"Available KV cache memory: " + _GIB, text)) or _gib(
+        re.search(r"Explicitly set \(([\d.]+)/[\d.]+\) GiB for KV cache", text)
+    )
     tokens_m = re.search(r"KV cache size: ([\d,]+) tokens", text)
     tokens = int(tokens_m.group(1).replace(",", "")) if tokens_m else None
     frag = _FRAGMENTED.search(text)
+    unallocated = 0.0
+    if frag:
+        unallocated = float(frag.group(1)) / (1024 if frag.group(2) == "MiB" else 1)
     base = LogFacts(
         status=None,
         phase=phase,
         weights_bytes=weights,
         kv_cache_bytes=kv_bytes,
         kv_cache_tokens=tokens,
-        fragmented=bool(frag and float(frag.group(1)) >= 0.5),
+        fragmented=unallocated >= 0.5,  # GiB reserved but unallocated: fragmentation
     )
     for pattern in (_KV_TOO_SMALL, _KV_TOO_SMALL_OLD):
         m = pattern.search(text)
