@@ -301,6 +301,8 @@ def fit_options(f: F) -> F:
         click.option("--max-launches", type=click.IntRange(1, 10), default=3, show_default=True),
         click.option("--timeout", type=float, default=900.0, show_default=True,
                      help="Seconds one launch may take to become ready."),
+        click.option("--gpus-per-node", type=click.IntRange(min=1), default=8, show_default=True,
+                     help="Tensor parallel stays within a node; pipeline stages span nodes."),
         click.option("--revision", help="Hub revision (forces a Hub lookup)."),
     ]  # fmt: skip
     for option in reversed(options):
@@ -345,6 +347,7 @@ def run_fit(model: str, opts: dict[str, Any]) -> tuple[Any, Any, Any, str]:
         allow_offload=opts["allow_offload"],
         gpu_memory_utilization=opts["gpu_memory_utilization"],
         kv_cache_memory_bytes=parse_size(kv_bytes) if kv_bytes else None,
+        gpus_per_node=opts["gpus_per_node"],
     )
     spec = load_spec(model, revision=opts["revision"])
     installed = engine_installed(engine)

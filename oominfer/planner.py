@@ -50,6 +50,8 @@ class Constraints:
     """Fixed by the user; otherwise vLLM's default."""
     kv_cache_memory_bytes: int | None = None
     """CPU serving: the KV-cache budget (vLLM's --kv-cache-memory-bytes)."""
+    gpus_per_node: int = 8
+    """GPUs of one node: tensor parallelism stays within a node, pipeline stages span nodes."""
 
     def __post_init__(self) -> None:
         """Reject constraints that cannot hold together."""
@@ -59,6 +61,10 @@ class Constraints:
             raise InvalidSettingError(f"--min-context must be positive, got {self.min_context}.")
         if self.concurrency is not None and self.concurrency < 1:
             raise InvalidSettingError(f"--concurrency must be positive, got {self.concurrency}.")
+        if self.gpus_per_node < 1:
+            raise InvalidSettingError(
+                f"--gpus-per-node must be positive, got {self.gpus_per_node}."
+            )
         if self.max_model_len is not None and self.max_model_len < self.min_context:
             raise InvalidSettingError(
                 f"--max-model-len {self.max_model_len} is below --min-context {self.min_context}."
@@ -120,7 +126,7 @@ def candidates(
         kv_dtypes.append("fp8")
     eager_options = [False, True] if device == "cuda" and engine == "vllm" else [False]
     util = c.gpu_memory_utilization or VllmSettings().gpu_memory_utilization
-    tps = _divisors(spec, hardware.count)
+    tps = [tp for tp in _divisors(spec, hardware.count) if tp <= c.gpus_per_node]
     for quant in _quantizations(spec, hardware, engine, c):
         for tp in tps:
             for pp in [
