@@ -504,7 +504,7 @@ def test_single_request_that_cannot_fit_fails_alone(tiny_llama: Path) -> None:
 
     import torch
 
-    from oominfer.backends import hf_server as hf
+    from oominfer.backends import hf
 
     config = hf.resolve_config(hf.parse_args(["--model", str(tiny_llama), "--dtype", "float32"]))
     engine = hf.Engine.load(config)
