@@ -197,12 +197,21 @@ def estimate(
     from oominfer.estimate import estimate as run_estimate
     from oominfer.models import load_spec
     from oominfer.report import breakdown_json, breakdown_table, memory_bar, verdict
+    from oominfer.units import format_bytes
 
     settings = build_settings(opts)
     hardware = build_hardware(gpu, gpus, gpu_memory)
     spec = load_spec(model, revision=revision)
     b = run_estimate(spec, hardware=hardware, settings=settings, engine=engine)  # type: ignore[arg-type]
     fits, line = verdict(b)
+    free = hardware.gpu.free_bytes
+    if free is not None and free < b.budget_bytes:
+        click.secho(
+            f"Warning: only {format_bytes(free)} of the GPU is free, less than the "
+            f"{format_bytes(b.budget_bytes)} vLLM will ask for; it would refuse to start. "
+            f"Try --gpu-memory-utilization {free / b.total_bytes - 0.01:.2f}.",
+            err=True, fg="yellow",
+        )  # fmt: skip
     if as_json:
         click.echo(json.dumps(breakdown_json(spec, hardware, settings, b), indent=2))
     else:
@@ -338,6 +347,14 @@ def run_fit(model: str, opts: dict[str, Any]) -> tuple[Any, Any, Any, str]:
     else:
         hardware = build_hardware(opts["gpu"], opts["gpus"], opts["gpu_memory"])
     kv_bytes = opts["kv_cache_memory_bytes"]
+    utilization = opts["gpu_memory_utilization"]
+    free = hardware.gpu.free_bytes
+    if free is not None and utilization is None:
+        usable = free / hardware.gpu.cuda_total_bytes - 0.01
+        if usable < VllmSettings().gpu_memory_utilization:
+            utilization = round(usable, 2)
+            click.echo(f"Only {free / 2**30:.1f} GiB of the GPU is free: planning with "
+                       f"--gpu-memory-utilization {utilization}.", err=True)  # fmt: skip
     constraints = Constraints(
         prefer=opts["prefer"],
         min_context=opts["min_context"],
@@ -345,7 +362,7 @@ def run_fit(model: str, opts: dict[str, Any]) -> tuple[Any, Any, Any, str]:
         max_model_len=opts["max_model_len"],
         no_quantize=opts["no_quantize"],
         allow_offload=opts["allow_offload"],
-        gpu_memory_utilization=opts["gpu_memory_utilization"],
+        gpu_memory_utilization=utilization,
         kv_cache_memory_bytes=parse_size(kv_bytes) if kv_bytes else None,
         gpus_per_node=opts["gpus_per_node"],
     )

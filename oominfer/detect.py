@@ -9,7 +9,7 @@ from oominfer.gpus import CUDA_RESERVED_BYTES, GpuSpec, find_gpu
 
 
 def detect_gpus() -> list[GpuSpec]:
-    """The GPUs of this machine (total memory from NVML), or [] when none can be seen."""
+    """The GPUs of this machine (total and free memory from NVML), or [] when none is seen."""
     try:
         import pynvml
     except ImportError:
@@ -24,7 +24,8 @@ def detect_gpus() -> list[GpuSpec]:
             handle = pynvml.nvmlDeviceGetHandleByIndex(i)
             name = pynvml.nvmlDeviceGetName(handle)
             name = name.decode() if isinstance(name, bytes) else str(name)
-            memory = int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
+            info = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            memory = int(info.total)
             major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
             try:
                 known = find_gpu(name)
@@ -39,6 +40,7 @@ def detect_gpus() -> list[GpuSpec]:
                     compute_capability=(int(major), int(minor)),
                     product_label=known.product_label if known else name.replace(" ", "-"),
                     marketing_name=name,
+                    free_bytes=int(info.free),
                 )
             )
         return found

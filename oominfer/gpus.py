@@ -39,6 +39,8 @@ class GpuSpec:
     marketing_name: str | None = None
     memory_bandwidth_gbps: float | None = None
     architecture: str | None = None
+    free_bytes: int | None = None
+    """Memory free right now (live detection only): other processes may hold the rest."""
 
     @property
     def supports_bf16(self) -> bool:

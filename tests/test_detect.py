@@ -1,0 +1,44 @@
+"""GPU detection: a quiet fallback without NVML, and free memory used when a GPU is busy."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from oominfer import cli, detect
+from oominfer.gpus import find_gpu
+from oominfer.units import GiB
+
+
+def test_no_gpu_no_driver_is_quiet() -> None:
+    # This machine has nvidia-ml-py but no driver: NVMLError is caught, nothing is printed.
+    assert detect.detect_gpus() == []
+
+
+@pytest.fixture
+def busy_l4(monkeypatch: pytest.MonkeyPatch) -> None:
+    import dataclasses
+
+    gpu = dataclasses.replace(find_gpu("L4"), free_bytes=12 * GiB)
+    monkeypatch.setattr(detect, "detect_gpus", lambda: [gpu])
+
+
+@pytest.mark.usefixtures("busy_l4")
+def test_estimate_warns_when_less_is_free_than_vllm_asks() -> None:
+    result = CliRunner().invoke(
+        cli.main, ["estimate", "Qwen/Qwen3-0.6B", "--max-model-len", "4096"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "only 12.00 GiB of the GPU is free" in result.stderr
+    assert "--gpu-memory-utilization 0.54" in result.stderr  # 12 / 21.95 - 0.01
+
+
+@pytest.mark.usefixtures("busy_l4")
+def test_fit_plans_within_the_free_memory() -> None:
+    result = CliRunner().invoke(cli.main, ["fit", "Qwen/Qwen3-0.6B", "--no-verify", "--json"])
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.stdout)
+    assert plan["settings"]["gpu_memory_utilization"] == 0.54
+    assert plan["gpu"]["name"] == "L4-24GB"

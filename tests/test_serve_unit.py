@@ -1,0 +1,83 @@
+"""`oominfer serve` without an engine: argv, extra flags against the plan, failure messages."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from oominfer.errors import ExitStatus, InvalidSettingError
+from oominfer.plan import Plan
+from oominfer.serve import explain_failure, merge_extra, server_argv
+from oominfer.settings import VllmSettings, to_vllm_args
+
+SETTINGS = VllmSettings(dtype="bfloat16", max_model_len=8192, max_num_seqs=16)
+PLAN = Plan(
+    model_id="meta-llama/Llama-3.1-8B-Instruct",
+    settings=SETTINGS,
+    predicted={"weights_bytes": 16 * 1024**3, "kv_cache_bytes": 2 * 1024**3},
+)
+
+
+def test_vllm_argv_is_the_plans_flags_one_token_each() -> None:
+    argv = server_argv(PLAN, host="0.0.0.0", port=9000, python="python3")
+    assert argv[:5] == ["python3", "-m", "vllm.entrypoints.openai.api_server", "--model",
+                        PLAN.model_id]  # fmt: skip
+    flags = to_vllm_args(SETTINGS)
+    start = argv.index(flags[0])
+    assert argv[start : start + len(flags)] == flags
+    assert argv[argv.index("--host") + 1] == "0.0.0.0" and argv[argv.index("--port") + 1] == "9000"
+    # SIGTERM drains in-flight requests instead of aborting them.
+    assert argv[argv.index("--shutdown-timeout") + 1] == "30"
+
+
+def test_transformers_argv_runs_oominfers_server() -> None:
+    plan = Plan(model_id="/m", engine="transformers", settings=SETTINGS)
+    argv = server_argv(plan, host="127.0.0.1", port=1, api_key="k", grace_period=5)
+    assert argv[:3] == [sys.executable, "-m", "oominfer.backends.hf_server"]
+    assert argv[argv.index("--api-key") + 1] == "k"
+    assert argv[argv.index("--grace-period") + 1] == "5"
+    assert argv[argv.index("--max-model-len") + 1] == "8192"
+
+
+@pytest.mark.parametrize(
+    ("extra", "kept"),
+    [
+        ([], []),
+        (["--enable-prefix-caching"], ["--enable-prefix-caching"]),
+        # The manifests repeat the plan's own flags: same values are accepted and dropped.
+        (to_vllm_args(SETTINGS), []),
+        (["--max-model-len=8192", "--seed", "3"], ["--seed", "3"]),
+        (["--served-model-name", "x", "--max-num-seqs", "16"], ["--served-model-name", "x"]),
+    ],
+)
+def test_extra_flags_agreeing_with_the_plan(extra: list[str], kept: list[str]) -> None:
+    assert merge_extra(PLAN, extra) == kept
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [["--max-model-len", "4096"], ["--max-num-seqs=64"], ["--dtype", "float16"]],
+)
+def test_extra_flags_contradicting_the_plan_are_refused(extra: list[str]) -> None:
+    with pytest.raises(InvalidSettingError, match="contradicts the plan") as err:
+        merge_extra(PLAN, extra)
+    assert err.value.exit_status is ExitStatus.USAGE
+
+
+def test_a_memory_failure_is_explained_against_the_prediction() -> None:
+    log = (
+        "Model loading took 16.5 GiB memory and 3.2 seconds\n"
+        "ValueError: To serve at least one request with the model's max seq len (8192), "
+        "(1.0 GiB KV cache is needed, which is larger than the available KV cache memory "
+        "(0.5 GiB). Based on the available memory, the estimated maximum model length is 4096."
+    )
+    why = explain_failure(PLAN, log)
+    assert why is not None
+    assert "16.00 GiB of weights" in why and "2.00 GiB of KV cache" in why
+    assert "16.50 GiB of weights" in why  # what the engine reported
+    assert "--max-model-len 4096" in why and "oominfer fit" in why
+
+
+def test_a_failure_that_is_not_about_memory_is_left_to_the_engines_log() -> None:
+    assert explain_failure(PLAN, "RuntimeError: something else entirely") is None
