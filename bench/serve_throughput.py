@@ -217,6 +217,9 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=DEFAULT_LOAD.requests)
     p.add_argument("--max-tokens", type=int, default=DEFAULT_LOAD.max_tokens)
     p.add_argument("--max-num-seqs", type=int, default=DEFAULT_LOAD.max_num_seqs)
+    p.add_argument("--rounds", type=int, default=2,
+                   help="run the backends this many times, interleaved: vLLM's first start fills "
+                   "its torch.compile cache, so compare the later rounds")  # fmt: skip
     args = p.parse_args()
     load = Load(clients=args.clients, requests=args.requests, max_tokens=args.max_tokens,
                 max_num_seqs=args.max_num_seqs)  # fmt: skip
@@ -226,7 +229,7 @@ def main() -> None:
               f"{load.max_tokens} tokens; max_num_seqs {load.max_num_seqs}")  # fmt: skip
         print(f"{'backend':<14}{'start s':>8}{'requests':>9}{'tokens':>8}{'seconds':>9}"
               f"{'tokens/s':>10}{'p50 s':>8}{'p99 s':>8}")  # fmt: skip
-        for name in args.backend or list(BACKENDS):
+        for name in [n for _ in range(args.rounds) for n in args.backend or list(BACKENDS)]:
             r = bench(BACKENDS[name], model, load, Path(tmp) / f"{name}.log")
             p50, p99 = r.percentile(50), r.percentile(99)
             print(f"{r.backend:<14}{r.startup:>8.1f}{r.requests:>9}{r.tokens:>8}{r.seconds:>9.2f}"
