@@ -26,7 +26,7 @@ from typing import Any
 from oominfer.backends import ProbeStatus
 from oominfer.dtypes import Dtype, Engine
 from oominfer.errors import DoesNotFitError, OominferError, ProbeFailedError
-from oominfer.estimate import Hardware, estimate
+from oominfer.estimate import Hardware
 from oominfer.plan import Lever, Plan, Verification, plan_from_json
 from oominfer.planner import Constraints, PlanResult, plan
 from oominfer.probe import Prober, ProbeResult
@@ -333,8 +333,3 @@ def _verification(outcome: ProbeResult, launches: int) -> Verification:
         requests_ok=outcome.requests_ok,
         log_path=str(outcome.log_path),
     )
-
-
-def predicted_breakdown(spec: ModelSpec, hardware: Hardware, p: Plan, device: str) -> Any:
-    """The estimator's breakdown of a plan's settings (for reports)."""
-    return estimate(spec, hardware=hardware, settings=p.settings, engine=p.engine, device=device)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from oominfer.estimate import Hardware, MemoryBreakdown
 from oominfer.settings import VllmSettings
 from oominfer.spec import ModelSpec
-from oominfer.units import GiB, format_bytes
+from oominfer.units import format_bytes
 
 if TYPE_CHECKING:
     from oominfer.fit import FitResult
@@ -145,11 +145,6 @@ def verdict(b: MemoryBreakdown) -> tuple[bool, str]:
         f"{format_bytes(b.kv_cache_bytes)} is left (short by {format_bytes(b.shortfall_bytes)}); "
         f"try {fix}."
     )
-
-
-def gib(n: int) -> float:
-    """Bytes as GiB, for tables."""
-    return n / GiB
 
 
 def _bar_line(b: MemoryBreakdown) -> str:
