@@ -453,8 +453,9 @@ def explain(
         add("cpu_offload_gb", s.cpu_offload_gb,
             "the weights do not fit even quantized; part stays in host memory",
             "every forward pass copies them in", int(s.cpu_offload_gb * GiB))  # fmt: skip
-    if baseline is not None and not baseline.fits:
+    if s.gpu_memory_utilization != defaults.gpu_memory_utilization:
         add("gpu_memory_utilization", s.gpu_memory_utilization,
-            f"vLLM's defaults would fail here: short by {format_bytes(baseline.shortfall_bytes)}",
-            "none")  # fmt: skip
+            "set by --gpu-memory-utilization, or to what is free on the GPU",
+            "a smaller KV cache" if s.gpu_memory_utilization < defaults.gpu_memory_utilization
+            else "less headroom for other processes")  # fmt: skip
     return tuple(levers)

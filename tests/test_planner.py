@@ -65,11 +65,15 @@ def test_llama8b_l4_prefer_context_full_context_with_fp8() -> None:
         "dtype",
         "kv_cache_dtype",
         "quantization",
-        "gpu_memory_utilization",
     ]
-    util = next(lever for lever in r.levers if lever.name == "gpu_memory_utilization")
-    assert "defaults would fail" in util.reason
+    # vLLM's defaults would fail here: the report shows them beside the plan.
     assert r.baseline is not None and not r.baseline.fits
+
+
+def test_a_utilization_the_user_fixed_is_a_lever() -> None:
+    r = plan(spec(LLAMA_8B), hw("L4"), Constraints(gpu_memory_utilization=0.8))
+    util = next(lever for lever in r.levers if lever.name == "gpu_memory_utilization")
+    assert util.value == 0.8 and util.cost == "a smaller KV cache"
 
 
 def test_llama8b_l4_no_quantize_longest_unquantized_context() -> None:

@@ -42,6 +42,8 @@ _FAILURES: Final = (
      ProbeStatus.UNSUPPORTED),
 )  # fmt: skip
 _PHASES: Final = (
+    ("Resolved architecture", "reading the model's config"),
+    ("Initializing a V1 LLM engine", "starting the engine"),
     ("Starting to load model", "loading weights"),
     ("Loading weights took", "loading weights"),
     ("Model loading took", "profiling memory"),
@@ -49,6 +51,7 @@ _PHASES: Final = (
     ("Memory profiling takes", "profiling memory"),
     ("torch.compile", "compiling"),
     ("Compiling a graph", "compiling"),
+    ("Warming up model for the compilation", "compiling"),
     ("Available KV cache memory", "allocating KV cache"),
     ("# GPU blocks", "allocating KV cache"),
     ("# CUDA blocks", "allocating KV cache"),
@@ -57,6 +60,7 @@ _PHASES: Final = (
     ("Capturing CUDA graph", "capturing CUDA graphs"),
     ("Graph capturing finished", "warming up"),
     ("Starting vLLM API server", "starting server"),
+    ("Starting vLLM server on", "starting server"),
     ("Application startup complete", "ready"),
 )
 
