@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -33,6 +32,7 @@ import httpx
 
 from oominfer.backends.vllm import serve_argv
 from oominfer.plan import Plan
+from oominfer.probe import free_port
 from oominfer.settings import VllmSettings
 
 
@@ -99,13 +99,6 @@ BACKENDS: dict[str, Backend] = {
     "vllm": Backend(name="vllm", argv=vllm_direct_argv, start_timeout_s=400.0),
     "oominfer-vllm": Backend(name="oominfer-vllm", argv=oominfer_serve_argv, start_timeout_s=400.0),
 }
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextlib.contextmanager

@@ -102,7 +102,7 @@ def make_plan(
 ) -> Plan:
     """The plan document for a planner result."""
     return Plan(
-        model_id=spec.model_id if spec.source in ("catalog", "hub") else spec.source,
+        model_id=spec.model_id,
         architecture=architecture_facts(spec),
         device=device,
         gpu=hardware_facts(hardware, device),
@@ -230,7 +230,7 @@ def fit(
 
     probes: list[ProbeResult] = []
     extra: list[Lever] = []
-    model = spec.model_id if spec.source in ("catalog", "hub") else spec.source
+    model = spec.model_id  # a Hub id, or a local folder's own path
     for _ in range(max_launches):
         outcome = prober(model, settings, engine=engine, device=device)
         probes.append(outcome)

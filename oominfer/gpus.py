@@ -96,17 +96,22 @@ def _from_entry(entry: dict[str, Any]) -> GpuSpec:
 
 
 @functools.cache
+def _entries() -> tuple[dict[str, Any], ...]:
+    """The raw rows of the package's gpus.json, read once."""
+    text = resources.files("oominfer.data").joinpath("gpus.json").read_text(encoding="utf-8")
+    return tuple(json.loads(text)["gpus"])
+
+
+@functools.cache
 def catalog() -> tuple[GpuSpec, ...]:
     """Every GPU in the built-in table, in table order."""
-    text = resources.files("oominfer.data").joinpath("gpus.json").read_text(encoding="utf-8")
-    return tuple(_from_entry(e) for e in json.loads(text)["gpus"])
+    return tuple(_from_entry(e) for e in _entries())
 
 
 @functools.cache
 def _index() -> dict[str, GpuSpec]:
-    text = resources.files("oominfer.data").joinpath("gpus.json").read_text(encoding="utf-8")
     index: dict[str, GpuSpec] = {}
-    for entry, gpu in zip(json.loads(text)["gpus"], catalog(), strict=True):
+    for entry, gpu in zip(_entries(), catalog(), strict=True):
         names = [entry["name"], *entry.get("aliases", [])]
         names += [n for n in (entry.get("marketing_name"), entry.get("product_label")) if n]
         for alias in names:

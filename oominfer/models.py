@@ -178,8 +178,11 @@ def checkpoint_from_headers(folder: Path) -> Checkpoint:
     return Checkpoint(parameters=counts, total_bytes=total or None)
 
 
-def spec_from_folder(folder: Path, *, model_id: str | None = None) -> ModelSpec:
-    """A model saved on disk: its config.json and its safetensors headers."""
+def spec_from_folder(
+    folder: Path, *, model_id: str | None = None, source: str | None = None
+) -> ModelSpec:
+    """A model saved on disk: its config.json (and a ModelOpt hf_quant_config.json beside
+    it) and its safetensors headers."""
     config = read_config(folder / "config.json")
     side = folder / "hf_quant_config.json"
     if side.is_file():
@@ -188,7 +191,7 @@ def spec_from_folder(folder: Path, *, model_id: str | None = None) -> ModelSpec:
         config,
         model_id=model_id or str(folder),
         checkpoint=checkpoint_from_headers(folder),
-        source=str(folder),
+        source=source or str(folder),
     )
 
 
@@ -244,12 +247,7 @@ def _from_hf_cache(repo_id: str) -> ModelSpec | None:
     folder = repo / "snapshots" / commit
     if not (folder / "config.json").is_file():
         return None
-    return ModelSpec.from_hf_config(
-        read_config(folder / "config.json"),
-        model_id=repo_id,
-        checkpoint=checkpoint_from_headers(folder),
-        source=f"hf-cache:{folder}",
-    )
+    return spec_from_folder(folder, model_id=repo_id, source=f"hf-cache:{folder}")
 
 
 def _from_hub(repo_id: str, *, revision: str | None) -> ModelSpec:

@@ -147,6 +147,19 @@ def _amx_sitecustomize(folder: Path) -> Path:
     return folder
 
 
+def engine_env(settings: VllmSettings, *, device: str, workdir: Path) -> dict[str, str]:
+    """The engine's environment: this process's, minus VLLM_CPU_KVCACHE_SPACE when the KV
+    size is pinned by flag (the variable would override it), plus the AMX workaround for
+    eager mode on the CPU (its sitecustomize is written under ``workdir``)."""
+    env = dict(os.environ)
+    if settings.kv_cache_memory_bytes is not None:
+        env.pop("VLLM_CPU_KVCACHE_SPACE", None)
+    if device == "cpu" and settings.enforce_eager:
+        site = _amx_sitecustomize(workdir / "amx")
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")]))
+    return env
+
+
 def engine_argv(
     model: str,
     settings: VllmSettings,
@@ -198,12 +211,7 @@ class EngineProber:
         port = free_port()
         argv = engine_argv(model, settings, engine=engine, port=port, python=self.python)
         argv += self.extra_args
-        env = dict(os.environ)
-        if settings.kv_cache_memory_bytes is not None:
-            env.pop("VLLM_CPU_KVCACHE_SPACE", None)  # it would override the flag
-        if device == "cpu" and settings.enforce_eager:
-            site = _amx_sitecustomize(self.workdir / "amx")
-            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")]))
+        env = engine_env(settings, device=device, workdir=self.workdir)
         if self.on_launch:
             self.on_launch(self.launches, argv, log_path)
         start = time.monotonic()

@@ -14,13 +14,15 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import IO
 
 from oominfer.backends.vllm import read_log
 from oominfer.errors import InvalidSettingError
 from oominfer.plan import Plan
-from oominfer.probe import _amx_sitecustomize, engine_argv, kill_group
+from oominfer.probe import engine_argv, engine_env, kill_group
 from oominfer.settings import to_vllm_args
 from oominfer.units import format_bytes
 
@@ -157,15 +159,8 @@ def run(
     argv = server_argv(
         plan, host=host, port=port, extra=extra, api_key=api_key, grace_period=grace_period
     )
-    env = dict(os.environ)
-    if plan.settings.kv_cache_memory_bytes is not None:
-        env.pop("VLLM_CPU_KVCACHE_SPACE", None)
-    if plan.device == "cpu" and plan.settings.enforce_eager:
-        import tempfile
-        from pathlib import Path
-
-        site = _amx_sitecustomize(Path(tempfile.mkdtemp(prefix="oominfer-amx-")))
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")]))
+    workdir = Path(tempfile.mkdtemp(prefix="oominfer-serve-"))
+    env = engine_env(plan.settings, device=plan.device, workdir=workdir)
     sink = out or sys.stdout
     proc = subprocess.Popen(
         argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True,
