@@ -21,9 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from oominfer.errors import OominferError
-from oominfer.estimate import EngineVersion, Hardware, estimate
-from oominfer.gpus import GpuSpec, find_gpu
-from oominfer.models import catalog_entry, load_spec
+from oominfer.hardware.gpu import GpuSpec, find_gpu
+from oominfer.hardware.hardware import Hardware
+from oominfer.memory.estimate import estimate
+from oominfer.memory.version import EngineVersion
+from oominfer.model.catalog import catalog_entry
+from oominfer.model.load import load_spec
 from oominfer.settings import VllmSettings
 from oominfer.units import GiB
 

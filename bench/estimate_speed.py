@@ -14,9 +14,10 @@ import subprocess
 import sys
 import time
 
-from oominfer.estimate import Hardware, estimate
-from oominfer.gpus import find_gpu
-from oominfer.models import load_spec
+from oominfer.hardware.gpu import find_gpu
+from oominfer.hardware.hardware import Hardware
+from oominfer.memory.estimate import estimate
+from oominfer.model.load import load_spec
 from oominfer.settings import VllmSettings
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"

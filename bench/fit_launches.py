@@ -22,15 +22,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from oominfer.backends import ProbeStatus
-from oominfer.estimate import Hardware
-from oominfer.fit import fit
-from oominfer.gpus import GpuSpec
-from oominfer.models import spec_from_folder
-from oominfer.planner import Constraints
-from oominfer.probe import EngineProber, engine_version
+from oominfer.engines.installed import engine_version
+from oominfer.hardware.hardware import Hardware
+from oominfer.model.folder import spec_from_folder
+from oominfer.planning.constraints import Constraints
 from oominfer.settings import VllmSettings
 from oominfer.units import GiB, MiB
+from oominfer.verify.fit import fit
+from oominfer.verify.prober import EngineProber
+from oominfer.verify.status import ProbeStatus
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from models import build_model
@@ -56,9 +56,9 @@ def run_oominfer(folder: Path, kv: int, min_context: int, work: Path) -> Outcome
     prober = EngineProber(workdir=work / "oominfer")
     start = time.monotonic()
     result = fit(
-        spec, Hardware(gpu=GpuSpec.custom(8 * GiB)),
+        spec, Hardware.cpu(8 * GiB),
         Constraints(min_context=min_context, kv_cache_memory_bytes=kv),
-        device="cpu", prober=prober, engine_version=engine_version("vllm"), use_cache=False,
+        prober=prober, engine_version=engine_version("vllm"), use_cache=False,
     )  # fmt: skip
     assert result.plan.verified
     return Outcome(

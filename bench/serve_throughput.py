@@ -30,10 +30,10 @@ from pathlib import Path
 
 import httpx
 
-from oominfer.backends.vllm import serve_argv
-from oominfer.plan import Plan
-from oominfer.probe import free_port
+from oominfer.engines.vllm import serve_argv
+from oominfer.planning.document import Plan
 from oominfer.settings import VllmSettings
+from oominfer.verify.process import free_port
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -62,7 +62,7 @@ class Backend:
 def transformers_argv(model: Path, port: int, load: Load) -> list[str]:
     """oominfer's transformers backend (float32 on the CPU)."""
     return [
-        sys.executable, "-m", "oominfer.backends.hf_server", "--model", str(model),
+        sys.executable, "-m", "oominfer.engines.transformers", "--model", str(model),
         "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "bench",
         "--dtype", "float32", "--max-model-len", str(load.max_model_len),
         "--max-num-seqs", str(load.max_num_seqs), "--max-queue", str(load.clients * 2),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from typing import ClassVar
 
 
@@ -29,16 +30,19 @@ class OominferError(Exception):
 
     exit_status: ClassVar[ExitStatus] = ExitStatus.ERROR
 
-    def __init__(self, message: str, *, hint: str | None = None) -> None:
+    def __init__(self, message: str, *, hint: str | None = None, reported: bool = False) -> None:
         """Create the error.
 
         Args:
             message: one or two sentences: what happened, with the numbers.
             hint: the flag or environment variable to change, if any.
+            reported: the command has already shown it (a report that ends in a verdict);
+                only the exit code is left to give.
         """
         super().__init__(message)
         self.message = message
         self.hint = hint
+        self.reported = reported
 
 
 class InvalidSettingError(OominferError):
@@ -76,17 +80,42 @@ class CorruptWeightsError(ModelError):
 
 
 class DoesNotFitError(OominferError):
-    """No configuration fits the hardware; carries the shortfall in bytes."""
+    """No configuration fits the hardware; carries the shortfall in bytes and the ways out
+    (each a flag or a change that would fit, e.g. ``--gpus 2``)."""
 
     exit_status = ExitStatus.DOES_NOT_FIT
 
-    def __init__(self, message: str, *, shortfall_bytes: int = 0, hint: str | None = None) -> None:
-        """Create the error with the number of bytes missing."""
-        super().__init__(message, hint=hint)
+    def __init__(
+        self,
+        message: str,
+        *,
+        shortfall_bytes: int = 0,
+        ways_out: Sequence[str] = (),
+        hint: str | None = None,
+        reported: bool = False,
+    ) -> None:
+        """Create the error with the number of bytes missing and the ways out."""
+        if hint is None and ways_out:
+            hint = "Ways out: " + "; ".join(ways_out) + "."
+        super().__init__(message, hint=hint, reported=reported)
         self.shortfall_bytes = shortfall_bytes
+        self.ways_out = tuple(ways_out)
 
 
 class ProbeFailedError(OominferError):
     """The engine failed for a reason other than memory."""
 
     exit_status = ExitStatus.PROBE_FAILED
+
+
+class PlanError(OominferError):
+    """A plan file that cannot be used: missing, malformed, of another schema version, with
+    an impossible setting, or unverified where a verified one is required."""
+
+    exit_status = ExitStatus.USAGE
+
+
+class OutputError(OominferError):
+    """A file or folder oominfer was asked to write cannot be written."""
+
+    exit_status = ExitStatus.USAGE

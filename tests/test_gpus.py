@@ -6,7 +6,7 @@ import pytest
 from _pure_fixtures import offline_hub  # noqa: F401 - autouse fixture
 
 from oominfer.errors import InvalidSettingError, UnknownGpuError
-from oominfer.gpus import GpuSpec, catalog, find_gpu
+from oominfer.hardware.gpu import GpuSpec, catalog, find_gpu
 from oominfer.units import GiB
 
 

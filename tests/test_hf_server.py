@@ -1,4 +1,4 @@
-"""The transformers backend (oominfer.backends.hf_server) as real servers on 127.0.0.1.
+"""The transformers backend (oominfer.engines.transformers) as real servers on 127.0.0.1.
 
 Each server is a child process in its own process group, driven by the ``openai`` client and
 httpx. One module-scoped server (with an API key, a small queue and max_model_len 256) serves
@@ -35,7 +35,7 @@ START_DEADLINE_S = 120.0
 
 
 class HfServer:
-    """``python -m oominfer.backends.hf_server`` in its own process group."""
+    """``python -m oominfer.engines.transformers`` in its own process group."""
 
     def __init__(
         self,
@@ -49,7 +49,7 @@ class HfServer:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         self.argv = [
-            sys.executable, "-m", "oominfer.backends.hf_server",
+            sys.executable, "-m", "oominfer.engines.transformers",
             "--model", str(model_dir), "--host", "127.0.0.1", "--port", str(self.port),
             "--served-model-name", MODEL_NAME, *args,
         ]  # fmt: skip
@@ -504,10 +504,10 @@ def test_single_request_that_cannot_fit_fails_alone(tiny_llama: Path) -> None:
 
     import torch
 
-    from oominfer.backends import hf
+    from oominfer.engines import transformers as hf
 
     config = hf.resolve_config(hf.parse_args(["--model", str(tiny_llama), "--dtype", "float32"]))
-    engine = hf.Engine.load(config)
+    engine = hf.ModelRunner.load(config)
 
     def fault(input_ids: torch.Tensor) -> None:
         if input_ids.shape[1] > 40:

@@ -23,12 +23,14 @@ from _pure_fixtures import offline_hub  # noqa: F401 - autouse fixture
 from click.testing import CliRunner
 
 from oominfer import k8s
-from oominfer.errors import ExitStatus, InvalidSettingError
-from oominfer.estimate import CURRENT_RELEASE
-from oominfer.k8s import K8sOptions, Topology
-from oominfer.k8s_cli import k8s_command
-from oominfer.plan import Plan, PlanError, Verification, plan_to_dict
-from oominfer.settings import VllmSettings, to_vllm_args
+from oominfer.cli.k8s import k8s_command
+from oominfer.engines.vllm import to_vllm_args
+from oominfer.errors import ExitStatus, InvalidSettingError, PlanError
+from oominfer.k8s.options import K8sOptions
+from oominfer.k8s.sizing import Topology
+from oominfer.memory.version import CURRENT_RELEASE
+from oominfer.planning.document import Plan, Prediction, Verification, plan_to_dict
+from oominfer.settings import VllmSettings
 from oominfer.units import GiB
 
 REPO = Path(__file__).resolve().parent.parent
@@ -58,7 +60,7 @@ def make_plan(
         gpu={"name": "H100-SXM-80GB", "count": tp * pp, "product_label": product_label},
         engine_version="0.32.0",
         settings=VllmSettings(tensor_parallel_size=tp, pipeline_parallel_size=pp, **settings),
-        predicted={"weights_bytes": weights_per_gpu},
+        predicted=Prediction(weights_bytes=weights_per_gpu),
         verification=verification,
     )
 
@@ -363,7 +365,7 @@ def test_the_container_runs_oominfer_serve_with_the_plans_vllm_flags(plan: Plan)
 
 
 def test_committed_containers_match_their_plans() -> None:
-    from oominfer.plan import plan_from_json
+    from oominfer.planning.document import plan_from_json
 
     for folder in [DEPLOY / "base", *sorted((DEPLOY / "examples").iterdir())]:
         plan = plan_from_json((folder / "plan.json").read_text())
@@ -535,7 +537,7 @@ def test_dump_yaml_round_trips_without_anchors() -> None:
 
 def test_the_k8s_module_is_pure(tmp_path: Path) -> None:
     code = (
-        "import sys, oominfer.k8s\n"
+        "import sys, oominfer.k8s.render\n"
         "heavy = ('click', 'torch', 'vllm', 'transformers', 'huggingface_hub')\n"
         "print([m for m in heavy if m in sys.modules])\n"
     )
@@ -549,7 +551,7 @@ def test_the_k8s_module_is_pure(tmp_path: Path) -> None:
 
 
 def test_a_plan_without_weights_is_a_plan_error() -> None:
-    plan = dataclasses.replace(make_plan(), predicted={})
+    plan = dataclasses.replace(make_plan(), predicted=None)
     with pytest.raises(PlanError, match="records no weights size"):
         k8s.render(plan, K8sOptions())
 
@@ -572,7 +574,7 @@ def test_a_plan_without_a_product_label_warns() -> None:
 @pytest.fixture
 def cli() -> click.Group:
     """The k8s command under oominfer's group, which turns OominferError into exit codes."""
-    from oominfer.cli import OominferGroup
+    from oominfer.cli.group import OominferGroup
 
     group = OominferGroup(name="oominfer")
     group.add_command(k8s_command)
@@ -631,7 +633,7 @@ def test_bad_plans_are_clear_errors_without_a_traceback(
     path = tmp_path / "plan.json"
     path.write_text(text)
     result = run(cli, str(path))
-    assert result.exit_code == ExitStatus.ERROR, result.output
+    assert result.exit_code == ExitStatus.USAGE, result.output
     assert message in result.stderr
     assert result.stderr.startswith("Error: ")
     assert "Traceback" not in result.output
@@ -650,7 +652,7 @@ def test_an_unverified_plan_warns(cli: click.Group, tmp_path: Path) -> None:
 def test_require_verified_refuses_an_unverified_plan(cli: click.Group, tmp_path: Path) -> None:
     out = tmp_path / "out"
     result = run(cli, str(write_plan(tmp_path, make_plan())), "--require-verified", "-o", str(out))
-    assert result.exit_code == ExitStatus.ERROR, result.output
+    assert result.exit_code == ExitStatus.USAGE, result.output
     assert "Error: The plan for meta-llama/Llama-3.1-8B-Instruct is not verified" in result.stderr
     assert "Hint: Verify it with `oominfer fit`" in result.stderr
     assert "Traceback" not in result.output
@@ -685,15 +687,15 @@ def test_bad_flags_exit_2_with_the_fix(
 
 def test_a_missing_plan_file_is_a_clear_error(cli: click.Group, tmp_path: Path) -> None:
     result = run(cli, str(tmp_path / "nope.json"))
-    assert result.exit_code == ExitStatus.ERROR, result.output
-    assert "cannot read the plan" in result.stderr
+    assert result.exit_code == ExitStatus.USAGE, result.output
+    assert "no plan file at" in result.stderr
 
 
 def test_an_unwritable_output_is_a_clear_error(cli: click.Group, tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
     result = run(cli, str(write_plan(tmp_path, make_plan())), "-o", str(blocker / "sub"))
-    assert result.exit_code == ExitStatus.ERROR, result.output
+    assert result.exit_code == ExitStatus.USAGE, result.output
     assert "cannot write the manifests" in result.stderr
 
 
@@ -715,7 +717,7 @@ def test_the_committed_examples_do_not_drift(tmp_path: Path) -> None:
 
 
 def test_the_examples_cover_one_l4_two_h100_and_multi_node() -> None:
-    from oominfer.plan import plan_from_json
+    from oominfer.planning.document import plan_from_json
 
     plans = {
         p.parent.name: plan_from_json(p.read_text())
@@ -732,7 +734,7 @@ def test_the_examples_cover_one_l4_two_h100_and_multi_node() -> None:
     assert (DEPLOY / "examples" / "llama-3.1-405b-2x8xh100" / "leaderworkerset.yaml").exists()
     for plan in plans.values():
         assert plan.verification is None  # built from the estimator, never run
-        assert plan.predicted["fits"] is True
+        assert plan.predicted is not None and plan.predicted.fits
 
 
 KUSTOMIZATIONS = [DEPLOY / "base", *sorted((DEPLOY / "examples").iterdir())]

@@ -17,14 +17,9 @@ from oominfer.errors import (
     ModelNotFoundError,
     UnsupportedConfigError,
 )
-from oominfer.models import (
-    catalog_entry,
-    catalog_ids,
-    checkpoint_from_headers,
-    load_spec,
-    safetensors_header,
-    spec_from_folder,
-)
+from oominfer.model.catalog import catalog_entry, catalog_ids
+from oominfer.model.folder import checkpoint_from_headers, safetensors_header, spec_from_folder
+from oominfer.model.load import load_spec
 
 DTYPE_BYTES = {"BF16": 2, "F16": 2, "F32": 4, "I32": 4, "U8": 1, "I8": 1, "F8_E4M3": 1}
 

@@ -8,11 +8,13 @@ from pathlib import Path
 import pytest
 
 from oominfer.errors import DoesNotFitError, ExitStatus, InvalidSettingError
-from oominfer.estimate import Hardware
-from oominfer.gpus import GpuSpec, find_gpu
-from oominfer.models import load_spec
-from oominfer.planner import PREFERENCES, Candidate, Constraints, PlanResult, candidates, plan
-from oominfer.spec import ModelSpec
+from oominfer.hardware.gpu import find_gpu
+from oominfer.hardware.hardware import Hardware
+from oominfer.model.load import load_spec
+from oominfer.model.spec import ModelSpec
+from oominfer.planning.constraints import PREFERENCES, Constraints
+from oominfer.planning.planner import PlanResult, plan
+from oominfer.planning.search import Candidate, candidates
 from oominfer.units import GiB, MiB
 
 LLAMA_8B = "meta-llama/Llama-3.1-8B-Instruct"
@@ -25,7 +27,7 @@ def hw(gpu: str, count: int = 1) -> Hardware:
 
 
 def cpu(memory: int) -> Hardware:
-    return Hardware(gpu=GpuSpec.custom(memory), count=1)
+    return Hardware.cpu(memory)
 
 
 def spec(name: str) -> ModelSpec:
@@ -82,10 +84,7 @@ def test_llama8b_l4_no_quantize_longest_unquantized_context() -> None:
     check_plan(r)
     s = r.settings
     assert s.quantization is None
-    longest = max(
-        cand.context
-        for cand in candidates(spec(LLAMA_8B), hw("L4"), c, engine="vllm", device="cuda")
-    )
+    longest = max(cand.context for cand in candidates(spec(LLAMA_8B), hw("L4"), c))
     assert s.max_model_len == longest
     assert 32768 < s.max_model_len < 131072
     assert s.kv_cache_dtype == "fp8"  # FP8 KV is not weight quantization
@@ -121,10 +120,7 @@ def test_llama8b_l4_throughput_at_min_context() -> None:
     def served(cand: Candidate) -> int:
         return min(cand.settings.max_num_seqs or 1, math.floor(cand.breakdown.max_concurrency))
 
-    best = max(
-        served(cand)
-        for cand in candidates(spec(LLAMA_8B), hw("L4"), c, engine="vllm", device="cuda")
-    )
+    best = max(served(cand) for cand in candidates(spec(LLAMA_8B), hw("L4"), c))
     assert min(s.max_num_seqs or 1, math.floor(r.breakdown.max_concurrency)) == best
     assert best >= 16
 
@@ -142,7 +138,7 @@ def test_t4_gets_float16_and_never_fp8(model: str) -> None:
         assert r.settings.quantization is None
         dtype_lever = next(lever for lever in r.levers if lever.name == "dtype")
         assert "8.0" in dtype_lever.reason
-    for cand in candidates(spec(model), t4, Constraints(), engine="vllm", device="cuda"):
+    for cand in candidates(spec(model), t4, Constraints()):
         assert cand.settings.kv_cache_dtype == "auto"
         assert cand.settings.quantization != "fp8_per_tensor"
 
@@ -214,7 +210,7 @@ def test_allow_offload_when_nothing_else_fits() -> None:
 def test_offload_only_when_allowed() -> None:
     r = plan(spec(LLAMA_8B), hw("L4"), Constraints(allow_offload=True))
     assert r.settings.cpu_offload_gb == 0  # something else fits: no offload
-    for cand in candidates(spec(LLAMA_8B), hw("L4"), Constraints(), engine="vllm", device="cuda"):
+    for cand in candidates(spec(LLAMA_8B), hw("L4"), Constraints()):
         assert cand.settings.cpu_offload_gb == 0
 
 
@@ -225,7 +221,7 @@ def test_concurrency_honoured_at_min_context() -> None:
     assert r.settings.max_model_len == 8192
     assert (r.settings.max_num_seqs or 0) >= 8
     assert r.breakdown.max_concurrency >= 8
-    for cand in candidates(spec(LLAMA_8B), hw("L4"), c, engine="vllm", device="cuda"):
+    for cand in candidates(spec(LLAMA_8B), hw("L4"), c):
         assert cand.breakdown.max_concurrency >= 8
 
 
@@ -252,7 +248,7 @@ def test_fixed_gpu_memory_utilization_is_kept() -> None:
 
 def test_cpu_device_pins_the_kv_cache() -> None:
     """On the CPU vLLM cannot size the cache itself: the plan pins it in whole MiB."""
-    r = plan(spec("Qwen/Qwen2.5-0.5B-Instruct"), cpu(8 * GiB), Constraints(), device="cpu")
+    r = plan(spec("Qwen/Qwen2.5-0.5B-Instruct"), cpu(8 * GiB), Constraints())
     check_plan(r)
     kv = r.settings.kv_cache_memory_bytes
     assert kv is not None and kv > 0
@@ -265,14 +261,13 @@ def test_cpu_device_pins_the_kv_cache() -> None:
 
 def test_cpu_fixed_kv_budget(tmp_path: Path) -> None:
     """tiny_llama's shape at 32 MiB: 512 blocks of 128 tokens, one the null block."""
-    r = plan(spec("Qwen/Qwen2.5-0.5B-Instruct"), cpu(8 * GiB), Constraints(), device="cpu")
+    r = plan(spec("Qwen/Qwen2.5-0.5B-Instruct"), cpu(8 * GiB), Constraints())
     budget = r.settings.kv_cache_memory_bytes
     assert budget is not None
     fixed = plan(
         spec("Qwen/Qwen2.5-0.5B-Instruct"),
         cpu(8 * GiB),
         Constraints(kv_cache_memory_bytes=64 * MiB),
-        device="cpu",
     )
     check_plan(fixed)
     assert fixed.settings.kv_cache_memory_bytes == 64 * MiB
@@ -285,7 +280,7 @@ def test_cpu_fixed_kv_budget(tmp_path: Path) -> None:
 
 def test_cpu_too_small_memory_does_not_fit() -> None:
     with pytest.raises(DoesNotFitError) as info:
-        plan(spec("Qwen/Qwen2.5-0.5B-Instruct"), cpu(GiB // 2), Constraints(), device="cpu")
+        plan(spec("Qwen/Qwen2.5-0.5B-Instruct"), cpu(GiB // 2), Constraints())
     assert info.value.exit_status == 3
     assert info.value.shortfall_bytes > 0
 
@@ -321,12 +316,12 @@ def test_every_chosen_plan_fits_and_explains(
 def test_transformers_engine_ladder_on_cpu() -> None:
     """transformers: None, then int8, then nf4 (bitsandbytes); no vLLM-only levers."""
     s = spec("Qwen/Qwen2.5-0.5B-Instruct")
-    found = list(candidates(s, cpu(4 * GiB), Constraints(), engine="transformers", device="cpu"))
+    found = list(candidates(s, cpu(4 * GiB), Constraints(engine="transformers")))
     assert {c.settings.quantization for c in found} == {None, "int8", "bitsandbytes"}
     for cand in found:
         assert cand.settings.kv_cache_dtype == "auto"
         assert not cand.settings.enforce_eager
-    r = plan(s, cpu(4 * GiB), Constraints(prefer="quality"), engine="transformers", device="cpu")
+    r = plan(s, cpu(4 * GiB), Constraints(engine="transformers", prefer="quality"))
     check_plan(r)
     assert r.settings.quantization is None
 

@@ -19,11 +19,15 @@ PURE = [
     "oominfer.errors",
     "oominfer.units",
     "oominfer.dtypes",
-    "oominfer.spec",
-    "oominfer.gpus",
     "oominfer.settings",
-    "oominfer.estimate",
-    "oominfer.report",
+    "oominfer.model.load",
+    "oominfer.hardware.hardware",
+    "oominfer.memory.estimate",
+    "oominfer.planning.planner",
+    "oominfer.planning.record",
+    "oominfer.report.breakdown",
+    "oominfer.report.fit",
+    "oominfer.k8s",
 ]
 
 
@@ -57,14 +61,14 @@ def test_pure_module_imports_no_engine_and_no_hub(module: str, tmp_path: Path) -
 
 
 def test_models_imports_the_hub_lazily(tmp_path: Path) -> None:
-    assert loaded_after("import oominfer.models", tmp_path) == []
+    assert loaded_after("import oominfer.model.load", tmp_path) == []
 
 
 def test_catalog_lookup_imports_no_hub(tmp_path: Path) -> None:
     code = (
-        "from oominfer.models import load_spec\n"
-        "from oominfer.estimate import estimate, Hardware\n"
-        "from oominfer.gpus import find_gpu\n"
+        "from oominfer.model.load import load_spec\n"
+        "from oominfer.memory.estimate import estimate, Hardware\n"
+        "from oominfer.hardware.gpu import find_gpu\n"
         "from oominfer.settings import VllmSettings\n"
         "spec = load_spec('meta-llama/Llama-3.1-8B-Instruct')\n"
         "estimate(spec, hardware=Hardware(gpu=find_gpu('L4')), settings=VllmSettings())\n"

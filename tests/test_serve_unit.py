@@ -6,16 +6,18 @@ import sys
 
 import pytest
 
+from oominfer.engines.vllm import to_vllm_args
 from oominfer.errors import ExitStatus, InvalidSettingError
-from oominfer.plan import Plan
-from oominfer.serve import explain_failure, merge_extra, server_argv
-from oominfer.settings import VllmSettings, to_vllm_args
+from oominfer.planning.document import Plan, Prediction
+from oominfer.serving.extra import merge_extra
+from oominfer.serving.run import explain_failure, server_argv
+from oominfer.settings import VllmSettings
 
 SETTINGS = VllmSettings(dtype="bfloat16", max_model_len=8192, max_num_seqs=16)
 PLAN = Plan(
     model_id="meta-llama/Llama-3.1-8B-Instruct",
     settings=SETTINGS,
-    predicted={"weights_bytes": 16 * 1024**3, "kv_cache_bytes": 2 * 1024**3},
+    predicted=Prediction(weights_bytes=16 * 1024**3, kv_cache_bytes=2 * 1024**3),
 )
 
 
@@ -34,7 +36,7 @@ def test_vllm_argv_is_the_plans_flags_one_token_each() -> None:
 def test_transformers_argv_runs_oominfers_server() -> None:
     plan = Plan(model_id="/m", engine="transformers", settings=SETTINGS)
     argv = server_argv(plan, host="127.0.0.1", port=1, api_key="k", grace_period=5)
-    assert argv[:3] == [sys.executable, "-m", "oominfer.backends.hf_server"]
+    assert argv[:3] == [sys.executable, "-m", "oominfer.engines.transformers"]
     assert argv[argv.index("--api-key") + 1] == "k"
     assert argv[argv.index("--grace-period") + 1] == "5"
     assert argv[argv.index("--max-model-len") + 1] == "8192"

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from oominfer.probe import _group_pids, free_port
+from oominfer.verify.process import _group_pids, free_port
 
 pytestmark = pytest.mark.slow
 

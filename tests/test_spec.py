@@ -8,14 +8,15 @@ import pytest
 from _pure_fixtures import offline_hub  # noqa: F401 - autouse fixture
 
 from oominfer.errors import UnsupportedConfigError
-from oominfer.models import catalog_entry, catalog_ids
-from oominfer.spec import ModelSpec, QuantSpec
+from oominfer.model.catalog import catalog_entry, catalog_ids
+from oominfer.model.config import spec_from_config
+from oominfer.model.spec import ModelSpec, QuantSpec
 
 
 def catalog_spec(name: str) -> ModelSpec:
     entry = catalog_entry(name)
     assert entry is not None, name
-    return ModelSpec.from_hf_config(
+    return spec_from_config(
         entry.config, model_id=entry.model_id, checkpoint=entry.checkpoint, source="catalog"
     )
 
@@ -203,7 +204,7 @@ def test_nemotron_h_pattern() -> None:
     ],
 )
 def test_layer_kinds_from_config(changes: dict[str, Any], expected: tuple[str, ...]) -> None:
-    assert ModelSpec.from_hf_config(config(**changes), model_id="t").layer_kinds == expected
+    assert spec_from_config(config(**changes), model_id="t").layer_kinds == expected
 
 
 # ------------------------------------------------------------------------------------- MLA
@@ -310,12 +311,12 @@ QUANT_ROWS = [
 
 @pytest.mark.parametrize(("qc", "expected"), QUANT_ROWS)
 def test_quantization_config(qc: dict[str, Any], expected: QuantSpec) -> None:
-    spec = ModelSpec.from_hf_config(config(quantization_config=qc), model_id="t")
+    spec = spec_from_config(config(quantization_config=qc), model_id="t")
     assert spec.quantization == expected
 
 
 def test_no_quantization_config() -> None:
-    assert ModelSpec.from_hf_config(config(), model_id="t").quantization is None
+    assert spec_from_config(config(), model_id="t").quantization is None
 
 
 @pytest.mark.parametrize(
@@ -388,7 +389,7 @@ def test_nested_config_keeps_outer_quantization() -> None:
         "text_config": config(torch_dtype=None),
         "quantization_config": {"quant_method": "awq", "bits": 4, "group_size": 128},
     }
-    spec = ModelSpec.from_hf_config(raw, model_id="t")
+    spec = spec_from_config(raw, model_id="t")
     assert spec.num_layers == 4
     assert spec.architecture == "XForConditionalGeneration"
     assert spec.torch_dtype == "float16"
@@ -397,8 +398,8 @@ def test_nested_config_keeps_outer_quantization() -> None:
 
 def test_head_dim_read_before_fallback() -> None:
     # Qwen3-style: head_dim 128 although hidden / heads = 512 / 8 = 64.
-    assert ModelSpec.from_hf_config(config(head_dim=128), model_id="t").head_dim == 128
-    assert ModelSpec.from_hf_config(config(), model_id="t").head_dim == 64
+    assert spec_from_config(config(head_dim=128), model_id="t").head_dim == 128
+    assert spec_from_config(config(), model_id="t").head_dim == 64
 
 
 @pytest.mark.parametrize(
@@ -415,7 +416,7 @@ def test_head_dim_read_before_fallback() -> None:
     ],
 )
 def test_max_len_rope_scaling(rope: dict[str, Any] | None, expected: int) -> None:
-    spec = ModelSpec.from_hf_config(config(rope_scaling=rope), model_id="t")
+    spec = spec_from_config(config(rope_scaling=rope), model_id="t")
     assert spec.max_position_embeddings == expected
 
 
@@ -451,7 +452,7 @@ ERROR_ROWS = [
 @pytest.mark.parametrize(("raw", "fragments"), ERROR_ROWS)
 def test_unsupported_config(raw: Any, fragments: list[str]) -> None:
     with pytest.raises(UnsupportedConfigError) as info:
-        ModelSpec.from_hf_config(raw, model_id="org/model")
+        spec_from_config(raw, model_id="org/model")
     message = str(info.value)
     for fragment in fragments:
         assert fragment in message

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 from engine_util import EngineRun, run_vllm
 
-from oominfer.estimate import Hardware, MemoryBreakdown, estimate
-from oominfer.gpus import GpuSpec
-from oominfer.models import spec_from_folder
+from oominfer.hardware.hardware import Hardware
+from oominfer.memory.breakdown import MemoryBreakdown
+from oominfer.memory.estimate import estimate
+from oominfer.model.folder import spec_from_folder
 from oominfer.settings import VllmSettings
 from oominfer.units import GiB
 
@@ -26,11 +27,10 @@ def _estimate(model_dir: Path, max_model_len: int) -> MemoryBreakdown:
     spec = spec_from_folder(model_dir)
     return estimate(
         spec,
-        hardware=Hardware(gpu=GpuSpec.custom(8 * GiB)),
+        hardware=Hardware.cpu(8 * GiB),
         settings=VllmSettings(
             kv_cache_memory_bytes=KV_GIB * GiB, max_model_len=max_model_len, dtype="bfloat16"
         ),
-        device="cpu",
     )
 
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Regenerate deploy/k8s: example plans fitted by the planner, and their manifests.
 
-Each example's ``plan.json`` is what ``oominfer fit --no-verify`` writes: ``oominfer.fit.fit``
-with no prober, offline from the built-in catalog. It is rendered with the code
+Each example's ``plan.json`` is what ``oominfer fit --no-verify`` writes: ``oominfer.plan``,
+offline from the built-in catalog. It is rendered with the code
 ``oominfer k8s`` runs. The plans are unverified (``verification: null``): no engine ran them
 here. ``created_at`` is fixed so that the files only change when the plan does;
 tests/test_k8s.py regenerates everything into a temporary folder and fails when the
@@ -18,14 +18,11 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from oominfer.estimate import Hardware
-from oominfer.fit import fit
-from oominfer.gpus import find_gpu
-from oominfer.k8s import K8sOptions, manifest_files
-from oominfer.k8s_cli import write_manifests
-from oominfer.models import load_spec
-from oominfer.plan import Plan
-from oominfer.planner import Constraints
+import oominfer
+from oominfer import Constraints, Hardware, Plan
+from oominfer.k8s.options import K8sOptions
+from oominfer.k8s.render import manifest_files
+from oominfer.k8s.write import write_manifests
 
 ROOT = Path(__file__).resolve().parent.parent / "deploy" / "k8s"
 ENGINE_VERSION = "0.32.0"
@@ -77,16 +74,10 @@ def build_plan(example: Example) -> Plan:
     Raises:
         DoesNotFitError: nothing fits the example's hardware (the example is wrong).
     """
-    result = fit(
-        load_spec(example.model_id),
-        Hardware(gpu=find_gpu(example.gpu), count=example.gpus),
-        example.constraints,
-        prober=None,
-        engine="vllm",
-        device="cuda",
-        engine_version=ENGINE_VERSION,
+    plan = oominfer.plan(
+        example.model_id, Hardware.from_gpu(example.gpu, example.gpus), example.constraints
     )
-    return dataclasses.replace(result.plan, created_at=CREATED_AT)
+    return dataclasses.replace(plan, engine_version=ENGINE_VERSION, created_at=CREATED_AT)
 
 
 def write_examples(root: Path) -> list[Path]:

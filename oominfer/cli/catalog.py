@@ -1,0 +1,50 @@
+"""``oominfer gpus`` and ``oominfer models``: what the built-in catalogs hold."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from oominfer.cli.options import JSON
+
+
+@click.command("gpus")
+@JSON
+def list_gpus(as_json: bool) -> None:
+    """List the GPUs oominfer knows (`--gpu` takes any of these names)."""
+    from oominfer.hardware.gpu import catalog
+    from oominfer.units import GiB
+
+    rows = catalog()
+    if as_json:
+        click.echo(
+            json.dumps(
+                [
+                    {
+                        "name": g.name,
+                        "memory_bytes": g.memory_bytes,
+                        "cuda_total_bytes": g.cuda_total_bytes,
+                        "compute_capability": list(g.compute_capability),
+                        "product_label": g.product_label,
+                    }
+                    for g in rows
+                ],
+                indent=2,
+            )
+        )
+        return
+    for g in rows:
+        cc = ".".join(map(str, g.compute_capability))
+        click.echo(
+            f"{g.name:<32} {g.cuda_total_bytes / GiB:7.2f} GiB  cc {cc:<5} {g.product_label}"
+        )
+
+
+@click.command("models")
+def list_models() -> None:
+    """List the models of the built-in catalog (planned offline, exact sizes)."""
+    from oominfer.model.catalog import catalog_ids
+
+    for model_id in catalog_ids():
+        click.echo(model_id)

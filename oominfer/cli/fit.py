@@ -1,0 +1,101 @@
+"""``oominfer fit``: plan the configuration that fits, prove it with the engine, write it."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Any
+
+import click
+
+from oominfer.cli.options import JSON, build_constraints, build_hardware, fit_options
+from oominfer.errors import OutputError
+from oominfer.planning.document import Plan
+
+
+def fit_from_flags(model: str, opts: dict[str, Any]) -> tuple[Plan, bool]:
+    """Fit MODEL with the parsed fit flags, telling the user what happens on stderr.
+
+    Returns the plan, and whether it came from the cache of verified plans.
+    """
+    from oominfer.api import FitListener, can_verify, fit, load_model
+    from oominfer.engines.installed import engine_version
+
+    hardware = build_hardware(opts)
+    constraints = build_constraints(opts)
+    spec = load_model(model, revision=opts.get("revision"))
+    verify = opts["verify"]
+    if verify is None:
+        verify = can_verify(hardware, constraints.engine)
+    cached: list[Plan] = []
+
+    def launch(n: int, argv: list[str], log: Path) -> None:
+        click.echo(f"Launch {n} ({engine_version(constraints.engine)}, log {log}):", err=True)
+        click.echo("  " + shlex.join(argv[1:]), err=True)
+
+    listener = FitListener(
+        on_note=lambda text: click.echo(text, err=True),
+        on_launch=launch,
+        on_progress=lambda elapsed, phase: click.echo(f"  [{elapsed:5.0f} s] {phase}", err=True),
+        on_cache_hit=cached.append,
+    )
+    plan = fit(
+        spec,
+        hardware,
+        constraints,
+        verify=verify,
+        max_launches=opts["max_launches"],
+        timeout=opts["timeout"],
+        use_estimate=not opts["no_estimate"],
+        use_cache=not opts["no_cache"],
+        listener=listener,
+    )
+    return plan, bool(cached)
+
+
+def write_plan(plan: Plan, output: Path) -> None:
+    """Write the plan file.
+
+    Raises:
+        OutputError: the file cannot be written (no such folder, no permission).
+    """
+    try:
+        output.write_text(plan.to_json(), encoding="utf-8")
+    except OSError as err:
+        raise OutputError(
+            f"cannot write the plan to {output}: {err.strerror}.",
+            hint="Pass -o a path in a folder that exists and that you can write.",
+        ) from None
+
+
+@click.command()
+@click.argument("model")
+@fit_options
+@click.option(
+    "-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Write the plan here."
+)
+@JSON
+def fit(model: str, output: Path | None, as_json: bool, **opts: Any) -> None:
+    """Plan the serving configuration that fits, prove it with the real engine, write it.
+
+    MODEL is a local folder, a Hugging Face id, or a catalog name. Exits 3 when nothing
+    fits (with the shortfall and the ways out), 4 when the engine fails otherwise.
+
+    \b
+    Examples:
+      oominfer fit meta-llama/Llama-3.1-8B-Instruct --gpu L4 -o plan.json
+      oominfer fit Qwen/Qwen3-32B --gpu H100 --gpus 2 --prefer throughput --min-context 32768
+      oominfer fit ./my-model --device cpu --memory 6GiB
+    """
+    from oominfer.report.fit import fit_report
+
+    plan, cached = fit_from_flags(model, opts)
+    if output:
+        write_plan(plan, output)
+    if as_json:
+        click.echo(plan.to_json(), nl=False)
+        return
+    for line in fit_report(plan, cached=cached):
+        click.echo(line)
+    if output:
+        click.echo(f"Wrote {output}")

@@ -1,0 +1,213 @@
+"""Every command-line option, declared once, and the records built from them.
+
+Commands take the groups they need (``hardware_options``, ``settings_options``,
+``fit_options``); an option shared by several commands is one object here, so its name,
+type, validation and help cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar, get_args
+
+import click
+
+from oominfer.errors import InvalidSettingError
+from oominfer.hardware.hardware import Hardware
+from oominfer.planning.constraints import Constraints, Prefer
+from oominfer.settings import DEVICES, ENGINES, Dtype, KvCacheDtype, Quantization, VllmSettings
+from oominfer.units import parse_size
+
+F = TypeVar("F", bound=Callable[..., Any])
+DEFAULTS = VllmSettings()
+DEFAULT_CONSTRAINTS = Constraints()
+POSITIVE = click.IntRange(min=1)
+
+
+def _compose(*options: Callable[[F], F]) -> Callable[[F], F]:
+    """One decorator applying ``options`` in the order written (first = first in --help)."""
+
+    def apply(f: F) -> F:
+        for option in reversed(options):
+            f = option(f)
+        return f
+
+    return apply
+
+
+# Shared by several commands.
+JSON = click.option("--json", "as_json", is_flag=True, help="Print JSON on stdout.")
+REVISION = click.option("--revision", help="Hub revision (forces a Hub lookup).")
+ENGINE = click.option(
+    "--engine", type=click.Choice(ENGINES), default="vllm", show_default=True,
+    help="vllm, or oominfer's transformers server (int8/nf4, CPUs, what vLLM cannot run).",
+)  # fmt: skip
+DTYPE = click.option(
+    "--dtype", type=click.Choice(get_args(Dtype)), default=DEFAULTS.dtype, show_default=True,
+    help="auto: the checkpoint's 16-bit dtype the GPU can run.",
+)  # fmt: skip
+MAX_MODEL_LEN = click.option(
+    "--max-model-len", type=POSITIVE,
+    help="Context (prompt + output) per request. estimate: the setting (default: from "
+    "config.json); fit: a cap on the context.",
+)  # fmt: skip
+GPU_MEMORY_UTILIZATION = click.option(
+    "--gpu-memory-utilization", type=click.FloatRange(0, 1, min_open=True),
+    help=f"Fraction of the GPU vLLM may use (default: vLLM's {DEFAULTS.gpu_memory_utilization}).",
+)  # fmt: skip
+KV_CACHE_MEMORY_BYTES = click.option(
+    "--kv-cache-memory-bytes", metavar="SIZE",
+    help="Fix the KV-cache size instead of deriving it (e.g. 4GiB).",
+)  # fmt: skip
+
+hardware_options = _compose(
+    click.option(
+        "--gpu", metavar="NAME",
+        help="GPU kind (see `oominfer gpus`); default: the detected GPU, else L4.",
+    ),
+    click.option("--gpus", type=POSITIVE, help="GPUs of this kind (default: 1, or all detected)."),
+    click.option(
+        "--gpu-memory", metavar="SIZE", help="GPU memory for a GPU not in the catalog, e.g. 24GiB."
+    ),
+    click.option(
+        "--device", type=click.Choice(DEVICES),
+        help="cuda (GPUs) or cpu (vLLM's CPU backend). Default: cpu with --memory.",
+    ),
+    click.option("--memory", metavar="SIZE", help="CPU serving: memory the engine may use."),
+)  # fmt: skip
+"""--gpu, --gpus, --gpu-memory, --device, --memory."""
+
+settings_options = _compose(
+    ENGINE,
+    DTYPE,
+    click.option("--quantization", "-q", type=click.Choice(get_args(Quantization))),
+    click.option(
+        "--kv-cache-dtype", type=click.Choice(get_args(KvCacheDtype)),
+        default=DEFAULTS.kv_cache_dtype, show_default=True,
+    ),
+    GPU_MEMORY_UTILIZATION,
+    MAX_MODEL_LEN,
+    click.option("--max-num-seqs", type=POSITIVE, help="Default: vLLM's for the GPU."),
+    click.option("--max-num-batched-tokens", type=POSITIVE, help="Default: vLLM's for the GPU."),
+    click.option("--enforce-eager", is_flag=True, default=DEFAULTS.enforce_eager),
+    click.option(
+        "--tensor-parallel-size", "-tp", type=POSITIVE,
+        default=DEFAULTS.tensor_parallel_size, show_default=True,
+    ),
+    click.option(
+        "--pipeline-parallel-size", "-pp", type=POSITIVE,
+        default=DEFAULTS.pipeline_parallel_size, show_default=True,
+    ),
+    click.option(
+        "--cpu-offload-gb", type=click.FloatRange(min=0),
+        default=DEFAULTS.cpu_offload_gb, show_default=True,
+    ),
+    KV_CACHE_MEMORY_BYTES,
+)  # fmt: skip
+"""The engine flags of `estimate`, under vLLM's names and with vLLM's defaults."""
+
+fit_options = _compose(
+    hardware_options,
+    ENGINE,
+    DTYPE,
+    click.option(
+        "--prefer", type=click.Choice(get_args(Prefer)), default=DEFAULT_CONSTRAINTS.prefer,
+        show_default=True,
+        help="context: the longest context, then concurrency; throughput: the most "
+        "sequences at --min-context; quality: no weight quantization unless needed.",
+    ),
+    click.option(
+        "--min-context", type=POSITIVE, default=DEFAULT_CONSTRAINTS.min_context,
+        show_default=True, help="The shortest context acceptable.",
+    ),
+    click.option(
+        "--concurrency", type=POSITIVE,
+        help="Sequences that must run at once at the chosen context.",
+    ),
+    MAX_MODEL_LEN,
+    click.option("--no-quantize", is_flag=True, help="Never quantize the weights."),
+    click.option("--allow-offload", is_flag=True, help="Allow CPU offload of weights (slow)."),
+    GPU_MEMORY_UTILIZATION,
+    KV_CACHE_MEMORY_BYTES,
+    click.option(
+        "--verify/--no-verify", default=None,
+        help="Prove the plan with the real engine (default: when one is installed).",
+    ),
+    click.option(
+        "--no-estimate", is_flag=True,
+        help="Launch at the requested context and let the engine's messages guide.",
+    ),
+    click.option("--no-cache", is_flag=True, help="Ignore verified plans cached earlier."),
+    click.option("--max-launches", type=click.IntRange(1, 10), default=3, show_default=True),
+    click.option(
+        "--timeout", type=click.FloatRange(min=1), default=900.0, show_default=True,
+        help="Seconds one launch may take to become ready.",
+    ),
+    click.option(
+        "--gpus-per-node", type=POSITIVE, default=DEFAULT_CONSTRAINTS.gpus_per_node,
+        show_default=True,
+        help="Tensor parallel stays within a node; pipeline stages span nodes.",
+    ),
+    REVISION,
+)  # fmt: skip
+"""The flags of `oominfer fit` (also taken by `oominfer serve MODEL`)."""
+
+
+def _size(text: str | None) -> int | None:
+    return parse_size(text) if text else None
+
+
+def build_hardware(opts: dict[str, Any]) -> Hardware:
+    """Hardware from --gpu/--gpus/--gpu-memory or --device cpu/--memory; else the detected
+    GPUs, else an L4."""
+    gpu, gpus, gpu_memory = opts.get("gpu"), opts.get("gpus"), opts.get("gpu_memory")
+    device = opts.get("device") or ("cpu" if opts.get("memory") else "cuda")
+    if device == "cpu":
+        if gpu or gpu_memory:
+            raise InvalidSettingError("--device cpu takes --memory, not --gpu/--gpu-memory.")
+        return Hardware.cpu(_size(opts.get("memory")))
+    if opts.get("memory"):
+        raise InvalidSettingError("--memory is for --device cpu; GPUs take --gpu-memory.")
+    if gpu and gpu_memory:
+        raise InvalidSettingError("pass either --gpu or --gpu-memory, not both.")
+    if gpu_memory:
+        return Hardware.custom(parse_size(gpu_memory), gpus or 1)
+    if gpu:
+        return Hardware.from_gpu(gpu, gpus or 1)
+    return Hardware.detect(gpus, default="L4")
+
+
+def build_settings(opts: dict[str, Any]) -> VllmSettings:
+    """VllmSettings from the engine flags (the dataclass validates them)."""
+    return VllmSettings(
+        dtype=opts["dtype"],
+        quantization=opts.get("quantization"),
+        kv_cache_dtype=opts["kv_cache_dtype"],
+        gpu_memory_utilization=opts.get("gpu_memory_utilization")
+        or DEFAULTS.gpu_memory_utilization,
+        max_model_len=opts.get("max_model_len"),
+        max_num_seqs=opts.get("max_num_seqs"),
+        max_num_batched_tokens=opts.get("max_num_batched_tokens"),
+        enforce_eager=opts["enforce_eager"],
+        tensor_parallel_size=opts["tensor_parallel_size"],
+        pipeline_parallel_size=opts["pipeline_parallel_size"],
+        cpu_offload_gb=opts["cpu_offload_gb"],
+        kv_cache_memory_bytes=_size(opts.get("kv_cache_memory_bytes")),
+    )
+
+
+def build_constraints(opts: dict[str, Any]) -> Constraints:
+    """Constraints from the fit flags (the dataclass validates them)."""
+    return Constraints(
+        engine=opts["engine"],
+        dtype=opts["dtype"],
+        prefer=opts["prefer"],
+        min_context=opts["min_context"],
+        concurrency=opts.get("concurrency"),
+        max_model_len=opts.get("max_model_len"),
+        no_quantize=opts["no_quantize"],
+        allow_offload=opts["allow_offload"],
+        gpu_memory_utilization=opts.get("gpu_memory_utilization"),
+        kv_cache_memory_bytes=_size(opts.get("kv_cache_memory_bytes")),
+        gpus_per_node=opts["gpus_per_node"],
+    )

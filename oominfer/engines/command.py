@@ -1,0 +1,32 @@
+"""The command that serves a model with some settings, for either engine."""
+
+from __future__ import annotations
+
+from oominfer.engines.vllm import serve_argv
+from oominfer.settings import Engine, VllmSettings
+
+TRANSFORMERS_MODULE = "oominfer.engines.transformers"
+"""``python -m`` this to run oominfer's transformers server."""
+
+
+def engine_argv(
+    model: str,
+    settings: VllmSettings,
+    *,
+    engine: Engine,
+    port: int,
+    python: str,
+    host: str = "127.0.0.1",
+) -> list[str]:
+    """The command that serves ``model`` with ``settings`` on ``host:port``."""
+    if engine == "vllm":
+        return serve_argv(model, settings, host=host, port=port, python=python)
+    argv = [python, "-m", TRANSFORMERS_MODULE, "--model", model, "--host", host,
+            "--port", str(port), "--dtype", settings.dtype]  # fmt: skip
+    if settings.quantization:
+        argv += ["--quantization", settings.quantization]
+    if settings.max_model_len:
+        argv += ["--max-model-len", str(settings.max_model_len)]
+    if settings.max_num_seqs:
+        argv += ["--max-num-seqs", str(settings.max_num_seqs)]
+    return argv

@@ -1,0 +1,214 @@
+"""The FastAPI app: routes, error handlers, and the bridge from requests to the scheduler."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from oominfer.engines.transformers.config import ServerConfig
+from oominfer.engines.transformers.middleware import Gate, GateState
+from oominfer.engines.transformers.prompts import SeqBuilder
+from oominfer.engines.transformers.protocol import (
+    CHAT,
+    COMPLETIONS,
+    SSE_DONE,
+    ApiError,
+    ChatRequest,
+    CompletionRequest,
+    Endpoint,
+    SamplingRequest,
+    sse,
+    usage,
+    validation_message,
+)
+from oominfer.engines.transformers.runner import ModelRunner
+from oominfer.engines.transformers.scheduler import Scheduler
+from oominfer.engines.transformers.sequence import Event, FinishEvent, Seq, TokenEvent
+
+log = logging.getLogger("oominfer.transformers")
+
+
+class Server:
+    """The FastAPI app around one engine and its scheduler."""
+
+    def __init__(self, config: ServerConfig, engine: ModelRunner) -> None:
+        """Build the app; the scheduler starts with the app's lifespan."""
+        self.config = config
+        self.engine = engine
+        self.gate = GateState(api_key=config.api_key)
+        self.metrics = self.gate.metrics
+        self.scheduler = Scheduler(
+            engine,
+            max_num_seqs=config.max_num_seqs,
+            max_queue=config.max_queue,
+            metrics=self.metrics,
+        )
+        config_len = getattr(engine.model.config, "max_position_embeddings", None)
+        self.max_model_len: int = config.settings.max_model_len or int(config_len or 2048)
+        self.seqs = SeqBuilder(config, engine, max_model_len=self.max_model_len)
+        self.created = int(time.time())
+        self.app = self._build_app()
+
+    # generation
+
+    def _submit(self, seq: Seq) -> AsyncIterator[Event]:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Event] = asyncio.Queue()
+
+        def emit(event: Event) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop has closed
+                loop.call_soon_threadsafe(queue.put_nowait, event)
+
+        seq.emit = emit
+        self.scheduler.submit(seq)
+
+        async def events() -> AsyncIterator[Event]:
+            try:
+                while True:
+                    event = await queue.get()
+                    yield event
+                    if not isinstance(event, TokenEvent):
+                        return
+            finally:
+                if not seq.done:
+                    seq.cancelled = True  # the client went away
+
+        return events()
+
+    async def _collect(self, seq: Seq) -> tuple[str, FinishEvent]:
+        parts: list[str] = []
+        async for event in self._submit(seq):
+            if isinstance(event, TokenEvent):
+                parts.append(event.text)
+            elif isinstance(event, FinishEvent):
+                return "".join(parts), event
+            else:
+                raise event.error
+        raise ApiError(500, "The generation ended without a result.", type_="internal_error")
+
+    def _stream(
+        self, seq: Seq, endpoint: Endpoint, id_: str, *, include_usage: bool
+    ) -> StreamingResponse:
+        events = self._submit(seq)  # raises 429/503 before the stream starts
+        name = self.config.served_model_name
+
+        async def body() -> AsyncIterator[bytes]:
+            head = {"id": id_, "object": endpoint.chunk_object, "created": int(time.time()),
+                    "model": name}  # fmt: skip
+            first = endpoint.first_chunk()
+            if first is not None:
+                yield sse({**head, "choices": [first]})
+            async for event in events:
+                if isinstance(event, TokenEvent):
+                    if event.text:
+                        yield sse({**head, "choices": [endpoint.chunk(event.text, None)]})
+                elif isinstance(event, FinishEvent):
+                    yield sse({**head, "choices": [endpoint.chunk(None, event.reason)]})
+                    if include_usage:
+                        yield sse({**head, "choices": [], "usage": _usage(event)})
+                else:
+                    yield sse(event.error.body())
+            yield SSE_DONE
+
+        return StreamingResponse(
+            body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+        )
+
+    async def _generate(self, req: SamplingRequest, seq: Seq, endpoint: Endpoint) -> Response:
+        """Run ``seq``; answer with the whole reply, or stream it when the request asks."""
+        id_ = endpoint.new_id()
+        if req.stream:
+            return self._stream(seq, endpoint, id_, include_usage=req.include_usage)
+        text, finish = await self._collect(seq)
+        name = self.config.served_model_name
+        return JSONResponse(endpoint.reply(id_, name, text, finish.reason, _usage(finish)))
+
+    async def completions(self, req: CompletionRequest) -> Response:
+        """``POST /v1/completions``."""
+        return await self._generate(req, self.seqs.completion(req), COMPLETIONS)
+
+    async def chat(self, req: ChatRequest) -> Response:
+        """``POST /v1/chat/completions``."""
+        return await self._generate(req, self.seqs.chat(req), CHAT)
+
+    def models(self) -> dict[str, Any]:
+        """``GET /v1/models``."""
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": self.config.served_model_name,
+                    "object": "model",
+                    "created": self.created,
+                    "owned_by": "oominfer",
+                    "root": self.config.model,
+                    "max_model_len": self.max_model_len,
+                }
+            ],
+        }
+
+    # app
+
+    def _build_app(self) -> FastAPI:
+        @contextlib.asynccontextmanager
+        async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+            self.scheduler.start()
+            try:
+                yield
+            finally:
+                self.scheduler.close()
+
+        app = FastAPI(title="oominfer (transformers)", lifespan=lifespan, docs_url=None,
+                      redoc_url=None, openapi_url=None)  # fmt: skip
+
+        @app.exception_handler(ApiError)
+        async def api_error(request: Request, exc: ApiError) -> Response:
+            return exc.response()
+
+        @app.exception_handler(RequestValidationError)
+        async def invalid(request: Request, exc: RequestValidationError) -> Response:
+            message, param = validation_message(exc)
+            return ApiError(400, message, param=param, code="invalid_request").response()
+
+        @app.exception_handler(StarletteHTTPException)
+        async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+            headers = dict(exc.headers) if exc.headers else None
+            return ApiError(exc.status_code, str(exc.detail), headers=headers).response()
+
+        @app.exception_handler(Exception)
+        async def unexpected(request: Request, exc: Exception) -> Response:
+            log.exception("Unexpected error on %s", request.url.path)
+            return ApiError(500, "Internal server error.", type_="internal_error").response()
+
+        app.post("/v1/completions", response_model=None)(self.completions)
+        app.post("/v1/chat/completions", response_model=None)(self.chat)
+        app.get("/v1/models")(self.models)
+
+        @app.get("/health", response_model=None)
+        async def health() -> Response:
+            if self.gate.draining:
+                return JSONResponse({"status": "draining"}, status_code=503)
+            return JSONResponse({"status": "ok"})
+
+        @app.get("/metrics", response_model=None)
+        async def metrics() -> Response:
+            return PlainTextResponse(
+                self.metrics.render(self.scheduler.stats()),
+                media_type="text/plain; version=0.0.4; charset=utf-8",
+            )
+
+        app.add_middleware(Gate, state=self.gate)
+        return app
+
+
+def _usage(finish: FinishEvent) -> dict[str, int]:
+    return usage(finish.prompt_tokens, finish.completion_tokens)

@@ -1,0 +1,1 @@
+"""The hardware: the GPU catalog, NVML detection, and what one replica runs on."""

@@ -1,0 +1,137 @@
+"""GPUs: the built-in catalog, name matching, and hand-described hardware.
+
+Live detection through NVML lives in ``oominfer.hardware.nvml``; this module only reads the
+package's static table.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import json
+import re
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any, Final
+
+from oominfer.errors import InvalidSettingError, UnknownGpuError
+from oominfer.units import GiB, MiB
+
+# CUDA reports less total memory than NVML: the driver keeps some for itself. Measured on
+# pairs of (nvidia-smi total, vLLM's total_gpu_memory) in calibration/: RTX 3090 24576 MiB vs
+# 23.58 GiB (430 MiB), A10 23028 MiB vs 22.07 GiB (428 MiB), L40S 46068 MiB vs 44.42 GiB
+# (582 MiB). Used only where the catalog has no printed CUDA total.
+CUDA_RESERVED_BYTES: Final = 480 * MiB
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GpuSpec:
+    """One kind of GPU."""
+
+    name: str
+    memory_bytes: int
+    """Total memory as the driver (NVML, nvidia-smi) reports it."""
+    cuda_total_bytes: int
+    """Total memory as CUDA reports it: what vLLM multiplies by gpu_memory_utilization."""
+    compute_capability: tuple[int, int] = (8, 0)
+    product_label: str | None = None
+    """The value of the Kubernetes node label nvidia.com/gpu.product."""
+    marketing_name: str | None = None
+    memory_bandwidth_gbps: float | None = None
+    architecture: str | None = None
+    free_bytes: int | None = None
+    """Memory free right now (live detection only): other processes may hold the rest."""
+
+    @property
+    def supports_bf16(self) -> bool:
+        """bfloat16 needs compute capability 8.0 (Ampere) or newer."""
+        return self.compute_capability >= (8, 0)
+
+    @property
+    def supports_fp8(self) -> bool:
+        """FP8 weights and KV cache need compute capability 8.9 (Ada, Hopper) or newer."""
+        return self.compute_capability >= (8, 9)
+
+    @classmethod
+    def custom(cls, memory_bytes: int, *, compute_capability: tuple[int, int] = (8, 0)) -> GpuSpec:
+        """A GPU described only by its memory (``--gpu-memory 24GiB``).
+
+        The size is taken as what CUDA reports, since that is what users read in vLLM's log.
+        """
+        if memory_bytes < GiB // 4:
+            raise InvalidSettingError(
+                f"--gpu-memory {memory_bytes} bytes is too small for any model.",
+                hint="Write the size with a unit, e.g. --gpu-memory 24GiB.",
+            )
+        return cls(
+            name=f"custom-{memory_bytes / GiB:g}GiB",
+            memory_bytes=memory_bytes,
+            cuda_total_bytes=memory_bytes,
+            compute_capability=compute_capability,
+        )
+
+
+def _normalise(name: str) -> str:
+    """Lower-case, without punctuation, spaces or vendor words: 'NVIDIA H100-80GB' -> 'h10080gb'."""
+    name = name.lower()
+    for word in ("nvidia", "geforce", "tesla"):
+        name = name.replace(word, "")
+    return re.sub(r"[^a-z0-9]", "", name)
+
+
+def _from_entry(entry: dict[str, Any]) -> GpuSpec:
+    memory = int(entry["memory_bytes"])
+    cuda_total = entry.get("cuda_total_bytes") or memory - CUDA_RESERVED_BYTES
+    cc = entry.get("compute_capability") or [8, 0]
+    return GpuSpec(
+        name=str(entry["name"]),
+        memory_bytes=memory,
+        cuda_total_bytes=int(cuda_total),
+        compute_capability=(int(cc[0]), int(cc[1])),
+        product_label=entry.get("product_label"),
+        marketing_name=entry.get("marketing_name"),
+        memory_bandwidth_gbps=entry.get("memory_bandwidth_gbps"),
+        architecture=entry.get("architecture"),
+    )
+
+
+@functools.cache
+def _entries() -> tuple[dict[str, Any], ...]:
+    """The raw rows of the package's gpus.json, read once."""
+    text = resources.files("oominfer.data").joinpath("gpus.json").read_text(encoding="utf-8")
+    return tuple(json.loads(text)["gpus"])
+
+
+@functools.cache
+def catalog() -> tuple[GpuSpec, ...]:
+    """Every GPU in the built-in table, in table order."""
+    return tuple(_from_entry(e) for e in _entries())
+
+
+@functools.cache
+def _index() -> dict[str, GpuSpec]:
+    index: dict[str, GpuSpec] = {}
+    for entry, gpu in zip(_entries(), catalog(), strict=True):
+        names = [entry["name"], *entry.get("aliases", [])]
+        names += [n for n in (entry.get("marketing_name"), entry.get("product_label")) if n]
+        for alias in names:
+            index.setdefault(_normalise(alias), gpu)
+    return index
+
+
+def find_gpu(name: str) -> GpuSpec:
+    """Look a GPU up by name, case- and punctuation-insensitively.
+
+    Raises:
+        UnknownGpuError: no such GPU; the message suggests the closest names.
+    """
+    key = _normalise(name)
+    index = _index()
+    if key in index:
+        return index[key]
+    close = difflib.get_close_matches(key, index, n=6, cutoff=0.5)
+    suggestions = list(dict.fromkeys(index[c].name for c in close))[:3]
+    hint = "Pass --gpu-memory 24GiB for a GPU that is not in the list (see `oominfer gpus`)."
+    if suggestions:
+        hint = f"Did you mean {', '.join(suggestions)}? " + hint
+    raise UnknownGpuError(f"unknown GPU {name!r}.", hint=hint)

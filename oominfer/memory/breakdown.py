@@ -1,0 +1,74 @@
+"""The estimate's result: memory needed per GPU, part by part. All numbers in bytes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from oominfer.settings import Engine
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemoryBreakdown:
+    """Memory needed to serve one model, per GPU (the busiest one). All numbers are in bytes."""
+
+    engine: Engine
+    dtype: str
+    total_bytes: int
+    """The GPU's memory as CUDA reports it."""
+    budget_bytes: int
+    """What the engine may use: total x gpu_memory_utilization."""
+    weights_bytes: int
+    activation_bytes: int
+    non_torch_bytes: int
+    cuda_graph_bytes: int
+    kv_cache_bytes: int
+    """What is left for the KV cache; negative when the rest does not fit."""
+    kv_bytes_per_token: int
+    """KV-cache bytes one token takes on this GPU, summed over its layers."""
+    state_bytes_per_seq: int
+    """Recurrent state (Mamba, linear attention) one sequence keeps on this GPU."""
+    block_size: int
+    kv_cache_tokens: int
+    max_model_len: int
+    """The context asked for (or derived from config.json)."""
+    max_model_len_that_fits: int
+    """The longest context one request can have with this KV cache (0: none)."""
+    max_concurrency: float
+    """Requests of max_model_len tokens the KV cache holds at once."""
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    kv_block_bytes: int = 0
+    """Bytes of one paged-cache block across the layers that share it (0: no paging)."""
+    blocks_per_request: int = 0
+    """Blocks one request of max_model_len tokens needs."""
+    usable_blocks: int = 0
+    """Blocks a request can use (the pool's null block excluded)."""
+
+    @property
+    def non_kv_bytes(self) -> int:
+        """Everything but the KV cache."""
+        return (
+            self.weights_bytes
+            + self.activation_bytes
+            + self.non_torch_bytes
+            + (self.cuda_graph_bytes)
+        )
+
+    @property
+    def fits(self) -> bool:
+        """True when one request at max_model_len fits in the KV cache."""
+        return self.kv_cache_bytes > 0 and self.max_model_len_that_fits >= self.max_model_len
+
+    @property
+    def shortfall_bytes(self) -> int:
+        """Bytes missing for one request at max_model_len; 0 when it fits."""
+        if self.fits:
+            return 0
+        need = self.kv_bytes_per_token * self.max_model_len + self.state_bytes_per_seq
+        # A negative KV cache means the rest already overflows the budget by that much.
+        short = need - self.kv_cache_bytes
+        if self.kv_block_bytes:
+            # vLLM counts whole blocks, and holds one back.
+            blocks = max(self.blocks_per_request - self.usable_blocks, 1) * self.kv_block_bytes
+            short = max(short, blocks if self.kv_cache_bytes > 0 else short)
+        return max(1, short)

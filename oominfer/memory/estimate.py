@@ -1,0 +1,205 @@
+"""The memory model: (model, hardware, settings) -> a per-GPU breakdown. All numbers in bytes.
+
+vLLM V1 (vllm/v1/worker/gpu_worker.py ``determine_available_memory``, 0.32)::
+
+    budget       = cuda_total * gpu_memory_utilization
+    non_kv       = weights/tp + non_torch + activation_peak + cuda_graphs
+    kv_cache     = budget - non_kv            (or --kv-cache-memory-bytes when given)
+    num_blocks   = kv_cache // page_bytes_per_layer // layers
+    kv_tokens    = num_blocks * block_size
+
+and the engine refuses to start when one request at max_model_len needs more blocks than
+there are. Every constant below is derived from vLLM's source or fitted to the points in
+shared/calibration (``bench/calibration.py`` prints the fit).
+"""
+
+from __future__ import annotations
+
+import math
+
+from oominfer.errors import InvalidSettingError
+from oominfer.hardware.hardware import Hardware
+from oominfer.memory.breakdown import MemoryBreakdown
+from oominfer.memory.dtypes import dtype_bytes, kv_dtype_bytes
+from oominfer.memory.kv import (
+    CPU_BLOCK_SIZE,
+    GPU_BLOCK_SIZE,
+    kv_bytes_per_token_layer,
+    kv_layout,
+    longest,
+)
+from oominfer.memory.profile import (
+    CPU_RUNTIME_BYTES,
+    GRAPH_BYTES_PER_LAYER_AND_SIZE,
+    NON_TORCH_BYTES,
+    NON_TORCH_TP_BYTES,
+    activation_bytes,
+    capture_sizes,
+    vllm_defaults,
+)
+from oominfer.memory.transformers import transformers_breakdown
+from oominfer.memory.version import CURRENT_VLLM, EngineVersion
+from oominfer.memory.weights import (
+    layers_on_busiest_stage,
+    resolve_dtype,
+    weights_bytes,
+    weights_per_gpu,
+)
+from oominfer.model.spec import ATTENTION_KINDS, ModelSpec
+from oominfer.settings import Engine, VllmSettings
+from oominfer.units import GiB
+
+
+def estimate(
+    spec: ModelSpec,
+    *,
+    hardware: Hardware,
+    settings: VllmSettings,
+    engine: Engine = "vllm",
+    version: EngineVersion = CURRENT_VLLM,
+) -> MemoryBreakdown:
+    """Memory needed to serve ``spec`` on ``hardware`` with ``settings``, per GPU.
+
+    Args:
+        spec: the model.
+        hardware: the GPU kind and count; ``device="cpu"`` for vLLM's CPU backend (KV cache
+            sized by kv_cache_memory_bytes, 128-token blocks, no graphs).
+        settings: the engine settings; None fields take the engine's defaults.
+        engine: ``vllm`` (paged KV cache, profiling run, CUDA graphs) or ``transformers``
+            (dynamic KV cache per sequence, no graphs).
+        version: the vLLM release whose behaviour to model (calibration replays old logs).
+
+    Raises:
+        InvalidSettingError: settings that cannot work with this model or hardware.
+    """
+    s = settings
+    device = hardware.device
+    tp, pp = s.tensor_parallel_size, s.pipeline_parallel_size
+    _check_parallel(spec, s, hardware)
+    gpu = hardware.gpu
+    dtype = resolve_dtype(spec, gpu, s.dtype)
+    elem = dtype_bytes(dtype)
+    if s.kv_cache_dtype.startswith("fp8") and device == "cuda" and not gpu.supports_fp8:
+        raise InvalidSettingError(
+            f"--kv-cache-dtype {s.kv_cache_dtype} needs compute capability 8.9 or newer; "
+            f"{gpu.name} has {'.'.join(map(str, gpu.compute_capability))}.",
+            hint="Use --kv-cache-dtype auto.",
+        )
+    kv_elem = kv_dtype_bytes(s.kv_cache_dtype, dtype)
+    max_len = s.max_model_len or spec.default_max_model_len or spec.max_position_embeddings
+    default_tokens, default_seqs = vllm_defaults(hardware, world_size=s.world_size)
+    seqs = s.max_num_seqs or default_seqs
+    batched = s.max_num_batched_tokens or min(default_tokens, seqs * max_len)
+    if not version.always_chunked_prefill and max_len <= 32768:
+        batched = max(batched, max_len)
+
+    total_weights = weights_bytes(spec, dtype=dtype, quantization=s.quantization)
+    weights = weights_per_gpu(
+        spec, total_weights, tp=tp, pp=pp, offload=int(s.cpu_offload_gb * GiB), elem=elem
+    )
+    layers = layers_on_busiest_stage(spec, pp)
+    kinds = [spec.layer_kinds[i] for i in layers]
+    per_layer = kv_bytes_per_token_layer(spec, kv_bytes=kv_elem, tp=tp, version=version)
+    attn_layers = sum(1 for k in kinds if k in ATTENTION_KINDS)
+    state_dtype = dtype_bytes(spec.state_dtype) if spec.state_dtype else elem
+    state_layer = spec.state_elements_per_layer * state_dtype // tp
+    state_layers = sum(1 for k in kinds if k in ("mamba", "linear_attention"))
+    budget = math.ceil(gpu.cuda_total_bytes * s.gpu_memory_utilization)
+    if engine == "transformers":
+        return transformers_breakdown(
+            spec,
+            dtype=dtype,
+            budget=budget,
+            total=gpu.cuda_total_bytes,
+            weights=weights,
+            per_token=per_layer * attn_layers,
+            state_per_seq=state_layer * state_layers,
+            seqs=seqs,
+            max_len=max_len,
+            elem=elem,
+            tp=tp,
+        )
+
+    activation = activation_bytes(
+        spec, tokens=batched, seqs=seqs, dtype_size=elem, tp=tp, version=version
+    )
+    if device == "cpu":
+        non_torch = CPU_RUNTIME_BYTES
+    else:
+        non_torch = NON_TORCH_BYTES + (NON_TORCH_TP_BYTES if tp > 1 else 0)
+    graphs = 0
+    if device == "cuda" and not s.enforce_eager:
+        graphs = GRAPH_BYTES_PER_LAYER_AND_SIZE * len(layers) * capture_sizes(seqs, batched)
+    if s.kv_cache_memory_bytes is not None:
+        kv_cache = s.kv_cache_memory_bytes
+    else:
+        in_budget = graphs if version.graphs_in_budget else 0
+        kv_cache = budget - weights - activation - non_torch - in_budget
+
+    layout = kv_layout(
+        spec,
+        kinds,
+        per_token_layer=per_layer,
+        state_bytes_layer=state_layer,
+        block=CPU_BLOCK_SIZE if device == "cpu" else GPU_BLOCK_SIZE,
+        batched=batched,
+        pp=pp,
+    )
+    num_blocks = kv_cache // layout.bytes_per_block if layout and kv_cache > 0 else 0
+    # Block 0 is the pool's null block (vllm/v1/core/block_pool.py): a request can use
+    # num_blocks - 1 (measured: 512 blocks of 128 tokens admit 65,408 tokens, not 65,536).
+    usable = num_blocks - 1 if version.v1 else num_blocks
+    fits_len = 0
+    concurrency = 0.0
+    tokens = 0
+    if layout is not None and num_blocks > 0:
+        per_request = layout.blocks_per_request(max_len)
+        fits_len = longest(
+            layout.blocks_per_request, usable, spec.max_position_embeddings, layout.block_size
+        )
+        # vLLM logs "KV cache size: int(num_blocks / blocks_per_request * L) tokens".
+        concurrency = num_blocks / per_request
+        tokens = int(concurrency * max_len)
+    return MemoryBreakdown(
+        engine="vllm",
+        dtype=dtype,
+        total_bytes=gpu.cuda_total_bytes,
+        budget_bytes=budget,
+        weights_bytes=weights,
+        activation_bytes=activation,
+        non_torch_bytes=non_torch,
+        cuda_graph_bytes=graphs,
+        kv_cache_bytes=kv_cache,
+        kv_bytes_per_token=per_layer * attn_layers,
+        state_bytes_per_seq=state_layer * state_layers,
+        block_size=layout.block_size if layout else 0,
+        kv_cache_tokens=tokens,
+        max_model_len=max_len,
+        max_model_len_that_fits=fits_len,
+        max_concurrency=round(concurrency, 2),
+        max_num_seqs=seqs,
+        max_num_batched_tokens=batched,
+        kv_block_bytes=layout.bytes_per_block if layout else 0,
+        blocks_per_request=layout.blocks_per_request(max_len) if layout else 0,
+        usable_blocks=max(usable, 0),
+    )
+
+
+def _check_parallel(spec: ModelSpec, s: VllmSettings, hardware: Hardware) -> None:
+    tp, pp = s.tensor_parallel_size, s.pipeline_parallel_size
+    if s.world_size > hardware.count:
+        raise InvalidSettingError(
+            f"tensor_parallel_size x pipeline_parallel_size = {s.world_size} needs "
+            f"{s.world_size} GPUs, but --gpus is {hardware.count}.",
+            hint=f"Pass --gpus {s.world_size} or lower the parallel sizes.",
+        )
+    if spec.num_attention_heads % tp:
+        raise InvalidSettingError(
+            f"--tensor-parallel-size {tp} does not divide {spec.model_id}'s "
+            f"{spec.num_attention_heads} attention heads.",
+            hint="Use a tensor-parallel size that divides the attention heads (1, 2, 4, 8).",
+        )
+    if pp > spec.num_layers:
+        raise InvalidSettingError(
+            f"--pipeline-parallel-size {pp} exceeds the model's {spec.num_layers} layers."
+        )

@@ -1,0 +1,113 @@
+"""The KV cache: bytes per token and layer, and how vLLM pages it into blocks."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from oominfer.memory.version import CURRENT_VLLM, EngineVersion
+from oominfer.model.spec import ModelSpec
+
+# vLLM's paged-attention block: 16 tokens on CUDA (vllm/config/cache.py DEFAULT_BLOCK_SIZE),
+# 128 on the CPU backend (vllm/platforms/cpu.py). Hybrid Mamba models raise it (below).
+GPU_BLOCK_SIZE: Final = 16
+CPU_BLOCK_SIZE: Final = 128
+
+
+def kv_bytes_per_token_layer(
+    spec: ModelSpec, *, kv_bytes: int, tp: int, version: EngineVersion = CURRENT_VLLM
+) -> int:
+    """KV-cache bytes one token takes in one attention layer on one GPU.
+
+    Standard attention: 2 (K and V) x kv_heads x head_dim x bytes, the heads split across
+    tensor-parallel ranks (replicated when there are fewer KV heads than ranks).
+    MLA caches the compressed latent once: (kv_lora_rank + qk_rope_head_dim) x bytes, on
+    every rank (vllm MLAAttentionSpec: num_kv_heads=1).
+    """
+    if spec.is_mla:
+        assert spec.kv_lora_rank is not None and spec.qk_rope_head_dim is not None
+        if not version.mla_latent:
+            # vLLM < 0.7 expanded K and V per head, V padded to the QK head size.
+            qk = (spec.qk_nope_head_dim or spec.head_dim) + spec.qk_rope_head_dim
+            return 2 * max(1, spec.num_attention_heads // tp) * qk * kv_bytes
+        return (spec.kv_lora_rank + spec.qk_rope_head_dim) * kv_bytes
+    heads = max(1, spec.num_kv_heads // tp)
+    return 2 * heads * spec.head_dim * kv_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class KvLayout:
+    """How vLLM lays the paged cache out (vllm/v1/core/kv_cache_utils.py, 0.32).
+
+    Layers of one kind (full, sliding, state) share a page size; vLLM splits each kind into
+    groups of ``group_size`` layers, and one block is a page in every layer of a group, so
+    ``bytes_per_block = group_size x page``. A request needs, per group, cdiv(L, block) blocks
+    (full attention), at most cdiv(window - 1 + in-flight tokens, block) + 1 (sliding window),
+    or one block (a recurrent state).
+    """
+
+    block_size: int
+    bytes_per_block: int
+    groups: tuple[tuple[str, int], ...]
+    """(kind, number of such groups)."""
+    window_tokens: int
+
+    def blocks_per_request(self, length: int) -> int:
+        """Blocks one request of ``length`` tokens takes, summed over groups."""
+        total = 0
+        for kind, count in self.groups:
+            if kind == "full":
+                per = math.ceil(length / self.block_size)
+            elif kind == "sliding":
+                per = math.ceil(min(self.window_tokens, length) / self.block_size) + 1
+            else:
+                per = 1
+            total += per * count
+        return total
+
+
+def kv_layout(
+    spec: ModelSpec,
+    kinds: Sequence[str],
+    *,
+    per_token_layer: int,
+    state_bytes_layer: int,
+    block: int,
+    batched: int,
+    pp: int,
+) -> KvLayout | None:
+    """The paged-cache layout of the layers ``kinds`` on one GPU; None without attention."""
+    counts = {k: kinds.count(k) for k in ("full", "sliding")}
+    counts["state"] = sum(1 for k in kinds if k in ("mamba", "linear_attention"))
+    present = {k: n for k, n in counts.items() if n}
+    if not counts["full"] and not counts["sliding"]:
+        return None
+    if counts["state"]:
+        # Hybrid models: the attention block grows (in steps of 16 tokens) until its page
+        # holds a Mamba state, whose page is then padded to match
+        # (vllm/platforms/interface.py _align_hybrid_block_size).
+        block = max(block, 16 * math.ceil(state_bytes_layer / (16 * per_token_layer)))
+    page = block * per_token_layer
+    window = (spec.sliding_window or 0) - 1 + (pp + 1) * batched
+    low, high = min(present.values()), max(present.values())
+    group_size = high if high < 1.5 * low else low
+    groups = tuple((k, math.ceil(n / group_size)) for k, n in present.items())
+    return KvLayout(block, group_size * page, groups, window)
+
+
+def longest(blocks_needed: Callable[[int], int], usable: int, limit: int, block: int) -> int:
+    """The longest length (a multiple of the block size, at most ``limit``) whose blocks fit."""
+    if usable <= 0 or blocks_needed(1) > usable:
+        return 0
+    if blocks_needed(limit) <= usable:
+        return limit
+    lo, hi = 1, limit // block  # in blocks
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if blocks_needed(mid * block) <= usable:
+            lo = mid
+        else:
+            hi = mid - 1
+    return int(lo * block)

@@ -1,0 +1,51 @@
+"""The vLLM release whose behaviour the estimate follows: what changed between releases."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Final
+
+CURRENT_RELEASE: Final = (0, 32)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineVersion:
+    """What changed between vLLM releases that moves the memory split."""
+
+    release: tuple[int, int]
+    v1: bool
+    """The V1 engine (0.8+); V0 profiled differently and kept no null block."""
+    graphs_in_budget: bool
+    """CUDA-graph memory is estimated and subtracted before KV sizing (0.21+)."""
+    model_runner_v2: bool
+    mla_latent: bool
+    """MLA models cache the compressed latent (0.7+); before, K and V were expanded."""
+    always_chunked_prefill: bool
+    """V1 always chunks prefill; V0 did only past 32k tokens of context, and otherwise
+    profiled a forward pass over max(max_model_len, max_num_batched_tokens) tokens."""
+    """The V2 model runner (default in 0.32): its dummy sampler keeps only the logits in the
+    model dtype; the V1 runner's also makes fp32 logits, probabilities and noise."""
+
+    @classmethod
+    def parse(cls, version: str) -> EngineVersion:
+        """``0.32.0``, ``0.7.2 (V0 engine)`` -> the behaviour of that release."""
+        m = re.search(r"(?<![\d.])(\d)\.(\d+)", version)
+        release = (int(m.group(1)), int(m.group(2))) if m else CURRENT_RELEASE
+        v1 = release >= (0, 8) and "v0" not in version.lower()
+        return cls(
+            release=release,
+            v1=v1,
+            graphs_in_budget=release >= (0, 21),
+            model_runner_v2=release >= (0, 32),
+            mla_latent=release >= (0, 7),
+            always_chunked_prefill=v1,
+        )
+
+    @property
+    def sampler_bytes_per_logit_fp32(self) -> int:
+        """fp32 bytes per logit the dummy sampler holds at its peak besides the logits."""
+        return 0 if self.model_runner_v2 else 12
+
+
+CURRENT_VLLM: Final = EngineVersion.parse("0.32.0")

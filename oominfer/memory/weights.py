@@ -1,0 +1,116 @@
+"""Weights: the compute dtype, the format the engine holds them in, and their bytes per GPU."""
+
+from __future__ import annotations
+
+import math
+from typing import Final
+
+from oominfer.errors import InvalidSettingError
+from oominfer.hardware.gpu import GpuSpec
+from oominfer.memory.dtypes import dtype_bytes
+from oominfer.model.spec import ModelSpec, QuantSpec
+from oominfer.settings import dtype_name
+
+# vLLM pads the vocabulary of the embedding and LM head to a multiple of 64
+# (vocab_parallel_embedding.py DEFAULT_VOCAB_PADDING_SIZE).
+VOCAB_PADDING: Final = 64
+
+
+def resolve_dtype(spec: ModelSpec, gpu: GpuSpec, dtype: str) -> str:
+    """The compute dtype vLLM picks: ``auto`` is the checkpoint's 16-bit dtype, and bf16
+    becomes fp16 on GPUs older than compute capability 8.0 (vLLM does the same cast).
+
+    Raises:
+        InvalidSettingError: bf16 was asked for on a GPU that cannot run it.
+    """
+    if dtype == "auto":
+        name = dtype_name(spec.torch_dtype)
+        if name not in ("bfloat16", "float16"):
+            name = "bfloat16"  # fp32 checkpoints are served in 16-bit by default
+        if name == "bfloat16" and not gpu.supports_bf16:
+            name = "float16"
+        return name
+    name = dtype_name(dtype)
+    if name == "bfloat16" and not gpu.supports_bf16:
+        cc = ".".join(map(str, gpu.compute_capability))
+        raise InvalidSettingError(
+            f"{gpu.name} (compute capability {cc}) cannot run bfloat16; it needs 8.0 or newer.",
+            hint="Use --dtype float16.",
+        )
+    return name
+
+
+def weight_format(spec: ModelSpec, quantization: str | None) -> QuantSpec | None:
+    """The format the engine holds weights in: the checkpoint's, or the one asked for."""
+    if quantization is None or (
+        spec.quantization is not None and quantization.startswith(spec.quantization.method)
+    ):
+        return spec.quantization
+    match quantization:
+        case "fp8" | "fp8_per_tensor":
+            return QuantSpec(method="fp8", bits=8)
+        case "int8":
+            return QuantSpec(method="int8", bits=8)
+        case "bitsandbytes":
+            return QuantSpec(method="bitsandbytes", bits=4)
+        case _:
+            if spec.quantization is None:
+                raise InvalidSettingError(
+                    f"--quantization {quantization} needs a checkpoint quantized that way, "
+                    f"but {spec.model_id} is not.",
+                    hint="Use --quantization fp8 or bitsandbytes for in-flight quantization, "
+                    "or pick a pre-quantized checkpoint.",
+                )
+            raise InvalidSettingError(
+                f"{spec.model_id} is a {spec.quantization.method} checkpoint; it cannot be "
+                f"loaded as {quantization}.",
+                hint="Leave --quantization out to use the checkpoint's own format.",
+            )
+
+
+def weights_bytes(spec: ModelSpec, *, dtype: str, quantization: str | None = None) -> int:
+    """Weights of the whole model in the engine's format.
+
+    Exact when the checkpoint's tensor sizes are known and the format is the checkpoint's
+    own; otherwise computed by role from the architecture: embeddings, LM head, norms and
+    biases stay 16-bit under every scheme, projections (and experts) take the scheme's
+    bytes per element.
+    """
+    fmt = weight_format(spec, quantization)
+    elem = dtype_bytes(dtype)
+    p = spec.params
+    exact_floats = spec.checkpoint.float_params
+    if fmt is None and exact_floats:
+        return exact_floats * elem
+    if fmt is not None and fmt is spec.quantization and spec.checkpoint.tensor_bytes:
+        return spec.checkpoint.tensor_bytes
+    scale = exact_floats / p.total if exact_floats else 1.0
+    linear, experts = sum(p.layer_linear) * scale, sum(p.layer_experts) * scale
+    rest = (p.total * scale) - linear - experts
+    if fmt is None:
+        return int((linear + experts + rest) * elem)
+    quant = fmt.bytes_per_param
+    linear_bytes = linear * elem if fmt.experts_only else linear * quant
+    return int(rest * elem + linear_bytes + experts * quant)
+
+
+def layers_on_busiest_stage(spec: ModelSpec, pp: int) -> range:
+    """Layers of the first pipeline stage, which also holds the embedding (the busiest)."""
+    per_stage = math.ceil(spec.num_layers / pp)
+    return range(min(per_stage, spec.num_layers))
+
+
+def weights_per_gpu(
+    spec: ModelSpec, total: int, *, tp: int, pp: int, offload: int, elem: int
+) -> int:
+    # vLLM pads the vocabulary to a multiple of 64 in the embedding and in an untied LM head.
+    pad = -spec.vocab_size % VOCAB_PADDING
+    total += pad * spec.hidden_size * elem * (1 if spec.tie_word_embeddings else 2)
+    if pp == 1:
+        return max(0, total // tp - offload)
+    p = spec.params
+    layers = layers_on_busiest_stage(spec, pp)
+    share = (
+        p.embedding + sum(p.layer_linear[i] + p.layer_experts[i] + p.layer_other[i] for i in layers)
+    ) / p.total
+    return max(0, int(total * share) // tp - offload)

@@ -1,0 +1,312 @@
+"""Reading a Hugging Face config.json dict into a ModelSpec. Pure: a dict in, a record out.
+
+Every field goes through one validating reader, so a malformed or missing field is an
+UnsupportedConfigError naming it, never a KeyError.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Final
+
+from oominfer.errors import UnsupportedConfigError
+from oominfer.model.params import UNGATED_MLP, param_counts, state_per_layer
+from oominfer.model.reader import ConfigReader
+from oominfer.model.spec import Checkpoint, LayerKind, ModelSpec, QuantSpec
+from oominfer.settings import dtype_name
+
+# Model types whose config class ties the embeddings to the LM head unless told otherwise.
+_TIED_BY_DEFAULT: Final = frozenset(
+    {
+        "gpt2",
+        "opt",
+        "gemma",
+        "gemma2",
+        "gemma3",
+        "gemma3_text",
+        "bloom",
+        "gpt_bigcode",
+        "phi",
+        "gptj",
+    }
+)
+_MODEL_TYPE_ALIASES: Final = {"RefinedWeb": "falcon", "RefinedWebModel": "falcon"}
+
+
+def with_modelopt(config: dict[str, Any], hf_quant_config: Any) -> dict[str, Any]:
+    """NVIDIA ModelOpt checkpoints describe their quantization in hf_quant_config.json, not
+    in config.json; vLLM reads it from there. Fold it in as a quantization_config."""
+    if "quantization_config" in config or not isinstance(hf_quant_config, dict):
+        return config
+    quant = hf_quant_config.get("quantization") or {}
+    if not isinstance(quant, dict) or not quant.get("quant_algo"):
+        return config
+    return {**config, "quantization_config": {"quant_method": "modelopt", **quant}}
+
+
+def spec_from_config(
+    config: Mapping[str, Any],
+    *,
+    model_id: str,
+    checkpoint: Checkpoint | None = None,
+    source: str = "config",
+) -> ModelSpec:
+    """Read a Hugging Face config.json dict.
+
+    Args:
+        config: the parsed config.json.
+        model_id: the name to show for the model.
+        checkpoint: exact tensor sizes, when known.
+        source: where the config came from.
+
+    Raises:
+        UnsupportedConfigError: a field the estimator needs is missing or malformed.
+    """
+    return _parse(config, model_id=model_id, checkpoint=checkpoint or Checkpoint(), src=source)
+
+
+def _text_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """Flatten multimodal configs: the language model's fields live under text_config."""
+    if not isinstance(config, Mapping):
+        raise UnsupportedConfigError("config.json must hold a JSON object.")
+    flat = dict(config)
+    for key in ("text_config", "llm_config", "language_config"):
+        sub = config.get(key)
+        if isinstance(sub, Mapping) and "num_hidden_layers" not in config:
+            flat = {**{k: v for k, v in config.items() if k != key}, **sub}
+            # The outer architecture names the checkpoint; keep it.
+            flat["architectures"] = config.get("architectures") or sub.get("architectures")
+            flat.setdefault("torch_dtype", config.get("torch_dtype"))
+            if "quantization_config" in config:
+                flat["quantization_config"] = config["quantization_config"]
+            break
+    return flat
+
+
+def _parse(raw: Mapping[str, Any], *, model_id: str, checkpoint: Checkpoint, src: str) -> ModelSpec:
+    cfg = _text_config(raw)
+    r = ConfigReader(cfg, model_id)
+    archs = cfg.get("architectures") or []
+    architecture = str(archs[0]) if isinstance(archs, list) and archs else "unknown"
+    model_type = str(cfg.get("model_type") or "unknown")
+    model_type = _MODEL_TYPE_ALIASES.get(model_type, model_type)
+
+    layers = r.integer("num_hidden_layers", "n_layer", "num_layers", "n_layers")
+    hidden = r.integer("hidden_size", "n_embd", "d_model", "dim")
+    heads = r.integer("num_attention_heads", "n_head", "num_heads", "n_heads")
+    if layers == 0 or hidden == 0 or heads == 0:
+        raise UnsupportedConfigError(
+            f"{model_id}: config.json gives zero layers, hidden size or attention heads."
+        )
+    if cfg.get("multi_query") and not cfg.get("new_decoder_architecture"):
+        kv_heads = 1
+    else:
+        kv_heads = r.integer("num_key_value_heads", "num_kv_heads", "n_head_kv", default=heads)
+    head_dim = r.integer("head_dim", "attention_head_dim", "kv_channels", default=hidden // heads)
+    if kv_heads == 0 or head_dim == 0 or heads % kv_heads:
+        raise UnsupportedConfigError(
+            f"{model_id}: {heads} attention heads cannot be shared by {kv_heads} KV heads."
+        )
+    inter_default = 4 * hidden if model_type in UNGATED_MLP else None
+    inter = r.integer(
+        "intermediate_size", "ffn_dim", "n_inner", "ffn_hidden_size", default=inter_default
+    )
+    if model_type == "qwen":  # Qwen (1): intermediate_size counts both halves of w1/w2.
+        inter //= 2
+    vocab = r.integer("vocab_size", "padded_vocab_size")
+    tied = r.flag("tie_word_embeddings", model_type in _TIED_BY_DEFAULT)
+
+    kinds = _layer_kinds(cfg, layers, model_id)
+    window = cfg.get("sliding_window") if "sliding" in kinds else None
+    quant = _quant_spec(cfg.get("quantization_config"), model_id)
+
+    kv_lora = r.opt_integer("kv_lora_rank")
+    rope_dim = r.opt_integer("qk_rope_head_dim") if kv_lora is not None else None
+
+    n_experts = r.integer("num_local_experts", "num_experts", "n_routed_experts", default=0)
+    moe_inter = r.integer("moe_intermediate_size", default=inter) if n_experts else 0
+
+    params = param_counts(
+        cfg,
+        r,
+        kinds=kinds,
+        model_type=model_type,
+        hidden=hidden,
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        inter=inter,
+        vocab=vocab,
+        tied=tied,
+        n_experts=n_experts,
+        moe_inter=moe_inter,
+    )
+    state_elems, state_dtype = state_per_layer(cfg, r, kinds, hidden)
+    return ModelSpec(
+        model_id=model_id,
+        architecture=architecture,
+        model_type=model_type,
+        num_layers=layers,
+        hidden_size=hidden,
+        num_attention_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        intermediate_size=inter,
+        vocab_size=vocab,
+        max_position_embeddings=(derived := _max_len(cfg, r)),
+        default_max_model_len=_default_len(cfg, derived),
+        torch_dtype=dtype_name(str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32")),
+        tie_word_embeddings=tied,
+        layer_kinds=kinds,
+        sliding_window=int(window) if isinstance(window, int) and window > 0 else None,
+        kv_lora_rank=kv_lora,
+        qk_rope_head_dim=rope_dim,
+        qk_nope_head_dim=r.opt_integer("qk_nope_head_dim") if kv_lora is not None else None,
+        num_experts=n_experts,
+        num_experts_per_tok=r.integer("num_experts_per_tok", "experts_per_token", default=0),
+        moe_intermediate_size=moe_inter,
+        state_elements_per_layer=state_elems,
+        state_dtype=state_dtype,
+        quantization=quant,
+        params=params,
+        checkpoint=checkpoint,
+        source=src,
+    )
+
+
+def _layer_kinds(cfg: Mapping[str, Any], layers: int, model_id: str) -> tuple[LayerKind, ...]:
+    """What each layer caches, from the many ways configs say it."""
+    names: dict[str, LayerKind] = {
+        "full_attention": "full",
+        "attention": "full",
+        "sliding_attention": "sliding",
+        "chunked_attention": "full",
+        "linear_attention": "linear_attention",
+        "mamba": "mamba",
+        "mamba2": "mamba",
+    }
+    layer_types = cfg.get("layer_types")
+    if isinstance(layer_types, list) and len(layer_types) == layers:
+        try:
+            return tuple(names[str(t)] for t in layer_types)
+        except KeyError as err:
+            raise UnsupportedConfigError(
+                f"{model_id}: unknown layer type {err.args[0]!r} in config.json layer_types."
+            ) from None
+    pattern = cfg.get("hybrid_override_pattern")
+    if isinstance(pattern, str) and len(pattern) == layers:  # Nemotron-H
+        symbols: dict[str, LayerKind] = {"M": "mamba", "*": "full", "-": "mlp", "E": "mlp"}
+        return tuple(symbols.get(ch, "mlp") for ch in pattern)
+    if cfg.get("full_attention_interval"):  # Qwen3-Next: every n-th layer is full attention
+        n = int(cfg["full_attention_interval"])
+        return tuple("full" if (i + 1) % n == 0 else "linear_attention" for i in range(layers))
+    if cfg.get("attn_layer_period"):  # Jamba
+        period, offset = int(cfg["attn_layer_period"]), int(cfg.get("attn_layer_offset", 0))
+        return tuple("full" if i % period == offset else "mamba" for i in range(layers))
+    window = cfg.get("sliding_window")
+    uses_window = window and cfg.get("use_sliding_window", True) is not False
+    if not uses_window:
+        return _every(layers, lambda i: True)
+    model_type = cfg.get("model_type")
+    if model_type == "gemma2":  # even layers slide
+        return _every(layers, lambda i: i % 2 == 1)
+    pattern_n = cfg.get("sliding_window_pattern")
+    if model_type in ("gemma3", "gemma3_text") or pattern_n:  # every n-th layer is global
+        n = int(pattern_n or 6)
+        return _every(layers, lambda i: (i + 1) % n == 0)
+    max_window_layers = cfg.get("max_window_layers")
+    if model_type in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe") and max_window_layers is not None:
+        return _every(layers, lambda i: i < max_window_layers)
+    return _every(layers, lambda i: False)
+
+
+def _every(layers: int, is_full: Callable[[int], bool]) -> tuple[LayerKind, ...]:
+    """Full attention where ``is_full(i)``, a sliding window elsewhere."""
+    full: LayerKind = "full"
+    sliding: LayerKind = "sliding"
+    return tuple(full if is_full(i) else sliding for i in range(layers))
+
+
+def _max_len(cfg: Mapping[str, Any], r: ConfigReader) -> int:
+    """The context vLLM derives from config.json (vllm.config.model._get_and_verify_max_len)."""
+    keys = (
+        "max_position_embeddings",
+        "n_positions",
+        "max_seq_len",
+        "seq_length",
+        "max_sequence_length",
+        "max_seq_length",
+        "seq_len",
+    )
+    found = [int(cfg[k]) for k in keys if isinstance(cfg.get(k), int | float) and cfg[k] > 0]
+    length = min(found) if found else 2048
+    rope = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+    model_type = str(cfg.get("model_type", ""))
+    if isinstance(rope, Mapping) and "gemma3" not in model_type:
+        kind = rope.get("rope_type") or rope.get("type")
+        factor = rope.get("factor")
+        # vLLM 0.32 (config/model.py _get_and_verify_max_len) multiplies by the factor except
+        # for su/longrope/llama3 and the YaRN variants, whose max_position_embeddings is
+        # already scaled.
+        unscaled = ("su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling")
+        if kind not in unscaled and kind not in ("default", "mrope") and factor:
+            length = int(length * float(factor))
+    return length
+
+
+def _default_len(cfg: Mapping[str, Any], derived: int) -> int:
+    """vLLM's max_model_len when none is given: LongRoPE models start at their original
+    length (to avoid slowing short sequences); the rest at the derived maximum."""
+    rope = cfg.get("rope_scaling") or {}
+    if isinstance(rope, Mapping) and (rope.get("rope_type") or rope.get("type")) == "longrope":
+        original = cfg.get("original_max_position_embeddings")
+        if isinstance(original, int) and original > 0:
+            return min(original, derived)
+    return derived
+
+
+def _quant_spec(qc: Any, model_id: str) -> QuantSpec | None:
+    """The weight format of a pre-quantized checkpoint, from its quantization_config."""
+    if not isinstance(qc, Mapping):
+        return None
+    method = str(qc.get("quant_method") or qc.get("quant_algo") or "").lower()
+    group = qc.get("group_size", qc.get("q_group_size"))
+    group = int(group) if isinstance(group, int) and group > 0 else None
+    match method:
+        case "awq" | "gptq" | "awq_marlin" | "gptq_marlin" | "auto-round" | "auto_round":
+            bits = int(qc.get("bits", qc.get("w_bit", 4)))
+            name = "gptq" if method.startswith("auto") else method.removesuffix("_marlin")
+            return QuantSpec(method=name, bits=bits, group_size=group)
+        case "fp8" | "fbgemm_fp8":
+            return QuantSpec(method="fp8", bits=8)
+        case "mxfp4":
+            return QuantSpec(method="mxfp4", bits=4, group_size=32, experts_only=True)
+        case "bitsandbytes":
+            return QuantSpec(method="bitsandbytes", bits=8 if qc.get("load_in_8bit") else 4)
+        case "compressed-tensors" | "compressed_tensors":
+            return _compressed_tensors(qc)
+        case "modelopt":
+            algo = str(qc.get("quant_algo", "FP8")).upper()
+            return QuantSpec(method="modelopt", bits=4.5 if "FP4" in algo else 8)
+        case "":
+            raise UnsupportedConfigError(f"{model_id}: quantization_config has no quant_method.")
+        case _:
+            raise UnsupportedConfigError(
+                f"{model_id}: unsupported quantization method {method!r} in config.json.",
+                hint="oominfer reads awq, gptq, fp8, bitsandbytes, mxfp4, compressed-tensors "
+                "and modelopt checkpoints.",
+            )
+
+
+def _compressed_tensors(qc: Mapping[str, Any]) -> QuantSpec:
+    groups = qc.get("config_groups") or {}
+    for group in groups.values() if isinstance(groups, Mapping) else ():
+        weights = group.get("weights") or {}
+        bits = int(weights.get("num_bits", 8))
+        size = weights.get("group_size")
+        return QuantSpec(
+            method="compressed-tensors",
+            bits=bits,
+            group_size=int(size) if isinstance(size, int) and size > 0 else None,
+        )
+    return QuantSpec(method="compressed-tensors", bits=8)

@@ -1,0 +1,179 @@
+"""ModelSpec: the architecture facts the estimator needs, read from a config.json dict.
+
+Pure: a dict in, a frozen dataclass out. No file, network or torch access here; the
+loaders in ``oominfer.model.load`` find the dict (local folder, Hub, catalog) and the
+checkpoint's exact sizes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Final, Literal
+
+LayerKind = Literal["full", "sliding", "mamba", "linear_attention", "mlp"]
+"""What a decoder layer keeps per sequence: a full KV cache, a sliding window of it, a fixed
+recurrent state (Mamba, linear attention), or nothing (MLP-only layers of hybrid models)."""
+
+# Bytes per element of each safetensors dtype (the header's "dtype" strings).
+SAFETENSORS_BYTES: Final[dict[str, float]] = {
+    "F64": 8, "I64": 8, "U64": 8,
+    "F32": 4, "I32": 4, "U32": 4,
+    "F16": 2, "BF16": 2, "I16": 2, "U16": 2,
+    "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "I8": 1, "U8": 1, "BOOL": 1,
+    "F4": 0.5, "F6_E2M3": 0.75, "F6_E3M2": 0.75,
+}  # fmt: skip
+
+FLOAT_SAFETENSORS_DTYPES: Final = frozenset({"F64", "F32", "F16", "BF16"})
+
+ATTENTION_KINDS: Final = frozenset({"full", "sliding"})
+STATE_KINDS: Final = frozenset({"mamba", "linear_attention"})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QuantSpec:
+    """The weight format of a pre-quantized checkpoint, or one asked for with --quantization."""
+
+    method: str
+    """vLLM's name: awq, gptq, fp8, bitsandbytes, int8, mxfp4, compressed-tensors, modelopt."""
+    bits: float
+    """Bits per quantized weight element, before scales (4, 8)."""
+    group_size: int | None = None
+    """Elements sharing one scale; None for per-channel or per-tensor scales."""
+    experts_only: bool = False
+    """Only the routed experts are quantized (gpt-oss MXFP4)."""
+
+    @property
+    def bytes_per_param(self) -> float:
+        """Storage per quantized weight element, scales and zero points included."""
+        match self.method:
+            case "bitsandbytes" if self.bits == 4:
+                # NF4 with double quantization: 4 bits + one 8-bit absmax per 64 elements
+                # + one fp32 second-level scale per 256 absmax values (bitsandbytes defaults).
+                return 0.5 + 1 / 64 + 4 / (64 * 256)
+            case "mxfp4":
+                # OCP MXFP4: 4-bit elements + one shared 8-bit exponent per 32 elements.
+                return 0.5 + 1 / 32
+            case _:
+                group_extra = 0.0
+                if self.group_size and self.bits < 8:
+                    # One fp16 scale + one packed zero point (bits) per group.
+                    group_extra = (2 + self.bits / 8) / self.group_size
+                return self.bits / 8 + group_extra
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ParamCounts:
+    """Parameter counts by role, derived from the architecture (elements, not bytes)."""
+
+    embedding: int
+    lm_head: int
+    """Zero when the LM head is tied to the embedding."""
+    layer_linear: tuple[int, ...]
+    """Per layer: attention and dense MLP projections (what 4/8-bit schemes quantize)."""
+    layer_experts: tuple[int, ...]
+    """Per layer: routed-expert weights (MoE)."""
+    layer_other: tuple[int, ...]
+    """Per layer: norms, biases, routers, SSM parameters (kept in 16-bit by every scheme)."""
+    final: int
+    """Final norm and learned position embeddings."""
+
+    @property
+    def total(self) -> int:
+        """All parameters."""
+        return (
+            self.embedding
+            + self.lm_head
+            + sum(self.layer_linear)
+            + sum(self.layer_experts)
+            + sum(self.layer_other)
+            + self.final
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Checkpoint:
+    """Exact sizes of the checkpoint's tensors, from safetensors headers or Hub metadata."""
+
+    parameters: Mapping[str, int] = field(default_factory=dict)
+    """Safetensors dtype ("BF16", "I32", ...) -> number of elements."""
+    total_bytes: int | None = None
+    """Tensor bytes of the whole checkpoint (model.safetensors.index.json's total_size)."""
+
+    @property
+    def tensor_bytes(self) -> int | None:
+        """Tensor bytes: the published total, else the sum over dtypes."""
+        if self.total_bytes:
+            return self.total_bytes
+        if self.parameters:
+            return int(sum(n * SAFETENSORS_BYTES.get(k, 2) for k, n in self.parameters.items()))
+        return None
+
+    @property
+    def float_params(self) -> int | None:
+        """Elements of an all-float checkpoint; None if it holds packed or 8-bit tensors."""
+        if self.parameters and set(self.parameters) <= FLOAT_SAFETENSORS_DTYPES:
+            return sum(self.parameters.values())
+        return None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelSpec:
+    """Architecture facts of one model, as the estimator uses them."""
+
+    model_id: str
+    architecture: str
+    model_type: str
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    max_position_embeddings: int
+    """The longest context vLLM derives from config.json (rope scaling applied)."""
+    default_max_model_len: int = 0
+    """vLLM's max_model_len when none is given (LongRoPE: the original length)."""
+    torch_dtype: str
+    tie_word_embeddings: bool
+    layer_kinds: tuple[LayerKind, ...]
+    sliding_window: int | None = None
+    # MLA (DeepSeek V2/V3): the latent is cached once per token and layer.
+    kv_lora_rank: int | None = None
+    qk_rope_head_dim: int | None = None
+    qk_nope_head_dim: int | None = None
+    # MoE
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    # Recurrent state per sequence of one Mamba / linear-attention layer, in elements.
+    state_elements_per_layer: int = 0
+    state_dtype: str | None = None
+    quantization: QuantSpec | None = None
+    params: ParamCounts
+    checkpoint: Checkpoint = field(default_factory=Checkpoint)
+    source: str = "config"
+    """Where the spec came from: a folder path, "hub", or "catalog"."""
+    revision: str | None = None
+    """The Hub revision asked for (``--revision``), which the engine must load too."""
+
+    @property
+    def is_mla(self) -> bool:
+        """True for multi-head latent attention (DeepSeek V2/V3/R1)."""
+        return self.kv_lora_rank is not None
+
+    @property
+    def is_moe(self) -> bool:
+        """True for mixture-of-experts models."""
+        return self.num_experts > 0
+
+    @property
+    def attention_layers(self) -> int:
+        """Layers that keep a KV cache (full or sliding window)."""
+        return sum(1 for k in self.layer_kinds if k in ATTENTION_KINDS)
+
+    @property
+    def state_layers(self) -> int:
+        """Layers that keep a fixed recurrent state per sequence instead of a KV cache."""
+        return sum(1 for k in self.layer_kinds if k in STATE_KINDS)

@@ -1,0 +1,242 @@
+"""The plan ("fit certificate"): one JSON document that ``serve`` and ``k8s`` read.
+
+Pure: dataclasses and their JSON shape. It records the model, the hardware, the engine,
+the chosen settings under vLLM's names, the predicted memory, each lever turned and why,
+and (once verified) what the engine itself reported.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from oominfer.errors import InvalidSettingError, PlanError
+from oominfer.memory.breakdown import MemoryBreakdown
+from oominfer.settings import Device, Engine, VllmSettings
+
+SCHEMA_VERSION: Final = 1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Prediction:
+    """The estimator's per-GPU figures as a plan records them (``estimate --json``'s
+    ``per_gpu``). All numbers in bytes; 0 where a hand-written plan leaves one out."""
+
+    total_bytes: int = 0
+    budget_bytes: int = 0
+    weights_bytes: int = 0
+    activation_bytes: int = 0
+    non_torch_bytes: int = 0
+    cuda_graph_bytes: int = 0
+    kv_cache_bytes: int = 0
+    kv_bytes_per_token: int = 0
+    state_bytes_per_seq: int = 0
+    block_size: int = 0
+    kv_cache_tokens: int = 0
+    max_model_len: int = 0
+    max_model_len_that_fits: int = 0
+    max_concurrency: float = 0.0
+    fits: bool = False
+    shortfall_bytes: int = 0
+
+    @classmethod
+    def of(cls, b: MemoryBreakdown) -> Prediction:
+        """The recorded shape of one estimate."""
+        return cls(
+            total_bytes=b.total_bytes,
+            budget_bytes=b.budget_bytes,
+            weights_bytes=b.weights_bytes,
+            activation_bytes=b.activation_bytes,
+            non_torch_bytes=b.non_torch_bytes,
+            cuda_graph_bytes=b.cuda_graph_bytes,
+            kv_cache_bytes=b.kv_cache_bytes,
+            kv_bytes_per_token=b.kv_bytes_per_token,
+            state_bytes_per_seq=b.state_bytes_per_seq,
+            block_size=b.block_size,
+            kv_cache_tokens=b.kv_cache_tokens,
+            max_model_len=b.max_model_len,
+            max_model_len_that_fits=b.max_model_len_that_fits,
+            max_concurrency=b.max_concurrency,
+            fits=b.fits,
+            shortfall_bytes=b.shortfall_bytes,
+        )
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Prediction:
+        """Read the recorded shape, ignoring keys this version does not know."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+    @property
+    def non_kv_bytes(self) -> int:
+        """Everything but the KV cache."""
+        return (
+            self.weights_bytes + self.activation_bytes + self.non_torch_bytes
+            + self.cuda_graph_bytes
+        )  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Lever:
+    """One step the planner took, and what it bought and cost."""
+
+    name: str
+    """vLLM's field name (``max_model_len``, ``enforce_eager``...) or ``inference_mode``."""
+    value: Any
+    reason: str
+    saved_bytes: int = 0
+    cost: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Verification:
+    """What the real engine reported when it ran the plan."""
+
+    status: str
+    """The probe's outcome (``ready`` when verified)."""
+    engine_version: str
+    verified_at: str
+    launches: int = 1
+    weights_bytes: int | None = None
+    kv_cache_bytes: int | None = None
+    kv_cache_tokens: int | None = None
+    estimated_max_model_len: int | None = None
+    peak_bytes: int | None = None
+    load_seconds: float | None = None
+    requests_ok: int = 0
+    log_path: str | None = None
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Plan:
+    """A serving configuration for one model on one kind of hardware."""
+
+    model_id: str
+    """What the engine loads: a Hub id or a local folder."""
+    revision: str | None = None
+    architecture: dict[str, Any] = field(default_factory=dict)
+    """The architecture facts the estimate used (layers, heads, KV bytes per token...)."""
+    device: Device = "cuda"
+    gpu: dict[str, Any] = field(default_factory=dict)
+    """name, count, memory_bytes, cuda_total_bytes, compute_capability, product_label."""
+    engine: Engine = "vllm"
+    engine_version: str | None = None
+    settings: VllmSettings = field(default_factory=VllmSettings)
+    predicted: Prediction | None = None
+    """The estimator's per-GPU breakdown of this plan."""
+    baseline: Prediction | None = None
+    """What vLLM's defaults would do on the same hardware (None when not estimated)."""
+    levers: tuple[Lever, ...] = ()
+    constraints: dict[str, Any] = field(default_factory=dict)
+    verification: Verification | None = None
+    created_at: str = ""
+    schema_version: int = SCHEMA_VERSION
+
+    @property
+    def verified(self) -> bool:
+        """True when the real engine ran this plan and served requests at its limits."""
+        return self.verification is not None and self.verification.status == "ready"
+
+    @property
+    def gpu_count(self) -> int:
+        """GPUs one replica uses: tensor x pipeline parallel."""
+        return self.settings.world_size if self.device == "cuda" else 0
+
+    def to_json(self) -> str:
+        """The plan as a JSON document (stable key order, trailing newline)."""
+        return json.dumps(plan_to_dict(self), indent=2) + "\n"
+
+    def sha256(self) -> str:
+        """A digest of the plan's JSON, to roll pods when the plan changes."""
+        return hashlib.sha256(self.to_json().encode()).hexdigest()
+
+
+def plan_to_dict(plan: Plan) -> dict[str, Any]:
+    """The plan as plain data, ``schema_version`` first."""
+    data = dataclasses.asdict(plan)
+    return {"schema_version": data.pop("schema_version"), **data}
+
+
+def plan_from_dict(data: Any, *, source: str = "plan") -> Plan:
+    """Read a plan document.
+
+    Raises:
+        PlanError: not an object, an unknown schema version, or malformed fields.
+    """
+    if not isinstance(data, dict):
+        raise PlanError(f"{source} is not a plan: it must hold a JSON object.")
+    version = data.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise PlanError(
+            f"{source} has schema_version {version!r}; this oominfer reads version "
+            f"{SCHEMA_VERSION}.",
+            hint="Re-run `oominfer fit` with this version of oominfer to write a new plan.",
+        )
+    try:
+        settings = VllmSettings(**data.get("settings", {}))
+        levers = tuple(Lever(**lever) for lever in data.get("levers", []))
+        ver = data.get("verification")
+        verification = Verification(**ver) if ver else None
+        return Plan(
+            model_id=str(data["model_id"]),
+            revision=data.get("revision"),
+            architecture=dict(data.get("architecture") or {}),
+            device=data.get("device", "cuda"),
+            gpu=dict(data.get("gpu") or {}),
+            engine=data.get("engine", "vllm"),
+            engine_version=data.get("engine_version"),
+            settings=settings,
+            predicted=_prediction(data.get("predicted")),
+            baseline=_prediction(data.get("baseline")),
+            levers=levers,
+            constraints=dict(data.get("constraints") or {}),
+            verification=verification,
+            created_at=str(data.get("created_at", "")),
+        )
+    except (KeyError, TypeError) as err:
+        raise PlanError(f"{source} is malformed: {err}.") from None
+    except InvalidSettingError as err:
+        raise PlanError(f"{source} has an impossible setting: {err}", hint=err.hint) from None
+
+
+def _prediction(data: Any) -> Prediction | None:
+    if data is None or data == {}:
+        return None
+    if not isinstance(data, dict):
+        raise TypeError("a prediction must be an object")
+    return Prediction.from_dict(data)
+
+
+def plan_from_json(text: str, *, source: str = "plan") -> Plan:
+    """Parse a plan file's text.
+
+    Raises:
+        PlanError: not JSON, or not a valid plan.
+    """
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise PlanError(f"{source} is not valid JSON (line {err.lineno}: {err.msg}).") from None
+    return plan_from_dict(data, source=source)
+
+
+def read_plan(path: Path) -> Plan:
+    """Read a plan file written by ``oominfer fit -o``.
+
+    Raises:
+        PlanError: no such file, unreadable, not JSON, or not a valid plan.
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise PlanError(
+            f"no plan file at {path}.", hint="Write one with `oominfer fit MODEL -o plan.json`."
+        ) from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise PlanError(f"cannot read the plan {path}: {err}.") from None
+    return plan_from_json(text, source=str(path))

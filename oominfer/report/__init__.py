@@ -1,0 +1,1 @@
+"""What oominfer prints: human tables, memory bars and verdicts, and the JSON shapes."""

@@ -1,0 +1,1 @@
+"""Serving a plan: the engine's command, checked extra flags, signals and the exit status."""

