@@ -18,7 +18,6 @@ HUB = ("huggingface_hub",)
 PURE = [
     "oominfer.errors",
     "oominfer.units",
-    "oominfer.dtypes",
     "oominfer.settings",
     "oominfer.model.load",
     "oominfer.hardware.hardware",
