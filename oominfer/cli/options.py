@@ -14,7 +14,7 @@ import click
 
 from oominfer.errors import InvalidSettingError
 from oominfer.hardware.hardware import Hardware
-from oominfer.planning.constraints import Constraints, Prefer
+from oominfer.planning.constraints import PRACTICAL_CONTEXT, Constraints, Prefer
 from oominfer.settings import DEVICES, ENGINES, Dtype, KvCacheDtype, Quantization, VllmSettings
 from oominfer.units import parse_size
 
@@ -113,16 +113,24 @@ fit_options = _compose(
     click.option(
         "--prefer", type=click.Choice(get_args(Prefer)), default=DEFAULT_CONSTRAINTS.prefer,
         show_default=True,
-        help="context: the longest context, then concurrency; throughput: the most "
-        "sequences at --min-context; quality: no weight quantization unless needed.",
+        help="balanced: vLLM's defaults when they fit, else a practical context before "
+        "quality or speed; context: the longest context, any lever; throughput: the most "
+        "requests of --typical-length at once, CUDA graphs on; quality: no quantization, "
+        "a shorter context instead.",
     ),
     click.option(
-        "--min-context", type=POSITIVE, default=DEFAULT_CONSTRAINTS.min_context,
-        show_default=True, help="The shortest context acceptable.",
+        "--min-context", type=POSITIVE,
+        help=f"The shortest context acceptable (default: {PRACTICAL_CONTEXT:,} tokens, given "
+        "up only when nothing else fits).",
+    ),
+    click.option(
+        "--typical-length", type=POSITIVE, default=DEFAULT_CONSTRAINTS.typical_length,
+        show_default=True,
+        help="Tokens (prompt + output) of a typical request: concurrency is counted in these.",
     ),
     click.option(
         "--concurrency", type=POSITIVE,
-        help="Sequences that must run at once at the chosen context.",
+        help="Requests of --typical-length that must run at once.",
     ),
     MAX_MODEL_LEN,
     click.option("--no-quantize", is_flag=True, help="Never quantize the weights."),
@@ -202,7 +210,8 @@ def build_constraints(opts: dict[str, Any]) -> Constraints:
         engine=opts["engine"],
         dtype=opts["dtype"],
         prefer=opts["prefer"],
-        min_context=opts["min_context"],
+        min_context=opts.get("min_context"),
+        typical_length=opts["typical_length"],
         concurrency=opts.get("concurrency"),
         max_model_len=opts.get("max_model_len"),
         no_quantize=opts["no_quantize"],

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import Final
 
 from oominfer.errors import InvalidSettingError
@@ -94,23 +93,56 @@ def weights_bytes(spec: ModelSpec, *, dtype: str, quantization: str | None = Non
     return int(rest * elem + linear_bytes + experts * quant)
 
 
-def layers_on_busiest_stage(spec: ModelSpec, pp: int) -> range:
-    """Layers of the first pipeline stage, which also holds the embedding (the busiest)."""
-    per_stage = math.ceil(spec.num_layers / pp)
-    return range(min(per_stage, spec.num_layers))
+def pp_layer_ranges(num_layers: int, pp: int) -> list[range]:
+    """The layers of each pipeline stage, as vLLM splits them.
+
+    vllm/distributed/utils.py ``get_pp_indices``: every stage gets ``layers // pp`` and the
+    remainder goes one layer each to the stages before the last (the first and the last
+    stage, which also hold the embedding and the LM head, get none of it).
+    """
+    per = num_layers // pp
+    sizes = [per] * pp
+    for i in range(2, num_layers % pp + 2):
+        sizes[-i] += 1
+    starts = [sum(sizes[:i]) for i in range(pp)]
+    return [range(s, s + n) for s, n in zip(starts, sizes, strict=True)]
 
 
-def weights_per_gpu(
-    spec: ModelSpec, total: int, *, tp: int, pp: int, offload: int, elem: int
-) -> int:
-    # vLLM pads the vocabulary to a multiple of 64 in the embedding and in an untied LM head.
-    pad = -spec.vocab_size % VOCAB_PADDING
-    total += pad * spec.hidden_size * elem * (1 if spec.tie_word_embeddings else 2)
-    if pp == 1:
-        return max(0, total // tp - offload)
+def stage_weights(spec: ModelSpec, *, dtype: str, quantization: str | None, pp: int) -> list[int]:
+    """Weights of each pipeline stage, whole (before tensor parallelism), in the engine's
+    format, the vocabulary padded as vLLM pads it.
+
+    The first stage holds the embedding, the last the final norm and the LM head (with tied
+    embeddings the last stage loads the embedding again: vLLM's models build it there when
+    ``tie_word_embeddings``). The parts are counted by role from the architecture and scaled
+    so that the stages add up to ``weights_bytes`` (exact when the checkpoint's sizes are).
+    """
+    fmt = weight_format(spec, quantization)
+    elem = dtype_bytes(dtype)
     p = spec.params
-    layers = layers_on_busiest_stage(spec, pp)
-    share = (
-        p.embedding + sum(p.layer_linear[i] + p.layer_experts[i] + p.layer_other[i] for i in layers)
-    ) / p.total
-    return max(0, int(total * share) // tp - offload)
+    quant = fmt.bytes_per_param if fmt is not None else elem
+    linear = elem if fmt is None or fmt.experts_only else quant
+
+    def layer(i: int) -> float:
+        return p.layer_linear[i] * linear + p.layer_experts[i] * quant + p.layer_other[i] * elem
+
+    layers = [layer(i) for i in range(spec.num_layers)]
+    embedding, lm_head, final = p.embedding * elem, p.lm_head * elem, p.final * elem
+    scale = weights_bytes(spec, dtype=dtype, quantization=quantization) / (
+        embedding + lm_head + final + sum(layers)
+    )
+    pad = -spec.vocab_size % VOCAB_PADDING * spec.hidden_size * elem
+    out = []
+    for index, stage in enumerate(pp_layer_ranges(spec.num_layers, pp)):
+        size = sum(layers[i] for i in stage) * scale
+        first, last = index == 0, index == pp - 1
+        if first:
+            size += embedding * scale + pad
+        if last:
+            size += final * scale
+            if spec.tie_word_embeddings:
+                size += 0 if first else embedding * scale + pad
+            else:
+                size += lm_head * scale + pad
+        out.append(int(size))
+    return out

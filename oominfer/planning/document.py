@@ -113,6 +113,35 @@ class Verification:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Concurrency:
+    """How many requests one replica runs at once, in the lengths users think in."""
+
+    typical_length: int
+    """Tokens (prompt + output) of a typical request (--typical-length)."""
+    typical_requests: int
+    """Requests of the typical length running at once: the KV pool, capped by max_num_seqs."""
+    full_length_requests: float
+    """Requests of max_model_len tokens the KV pool holds at once."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Alternative:
+    """A plan the search set aside, what picking it would trade, and the flag that picks it."""
+
+    name: str
+    """What it is best at: "longest context", "most concurrency", "native precision"..."""
+    flag: str
+    """The flag that picks it (``--prefer context``)."""
+    settings: VllmSettings
+    replicas: int = 1
+    concurrency: Concurrency | None = None
+    turns: tuple[str, ...] = ()
+    """Levers it turns that the plan does not (planning/costs.py names)."""
+    spares: tuple[str, ...] = ()
+    """Levers the plan turns that it does not."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Plan:
     """A serving configuration for one model on one kind of hardware."""
 
@@ -131,7 +160,14 @@ class Plan:
     """The estimator's per-GPU breakdown of this plan."""
     baseline: Prediction | None = None
     """What vLLM's defaults would do on the same hardware (None when not estimated)."""
+    replicas: int = 1
+    """Replicas of this layout the given GPUs serve (Deployment replicas in Kubernetes, vLLM's
+    --data-parallel-size on one machine)."""
+    concurrency: Concurrency | None = None
+    """Requests one replica runs at once."""
     levers: tuple[Lever, ...] = ()
+    alternatives: tuple[Alternative, ...] = ()
+    """The nearest plans the search set aside, each with what it would trade."""
     constraints: dict[str, Any] = field(default_factory=dict)
     verification: Verification | None = None
     created_at: str = ""
@@ -193,6 +229,9 @@ def plan_from_dict(data: Any, *, source: str = "plan") -> Plan:
             settings=settings,
             predicted=_prediction(data.get("predicted")),
             baseline=_prediction(data.get("baseline")),
+            replicas=int(data.get("replicas", 1)),
+            concurrency=_concurrency(data.get("concurrency")),
+            alternatives=tuple(_alternative(a) for a in data.get("alternatives") or ()),
             levers=levers,
             constraints=dict(data.get("constraints") or {}),
             verification=verification,
@@ -210,6 +249,22 @@ def _prediction(data: Any) -> Prediction | None:
     if not isinstance(data, dict):
         raise TypeError("a prediction must be an object")
     return Prediction.from_dict(data)
+
+
+def _concurrency(data: Any) -> Concurrency | None:
+    return Concurrency(**data) if data else None
+
+
+def _alternative(data: Any) -> Alternative:
+    return Alternative(
+        name=str(data["name"]),
+        flag=str(data["flag"]),
+        settings=VllmSettings(**data["settings"]),
+        replicas=int(data.get("replicas", 1)),
+        concurrency=_concurrency(data.get("concurrency")),
+        turns=tuple(data.get("turns") or ()),
+        spares=tuple(data.get("spares") or ()),
+    )
 
 
 def plan_from_json(text: str, *, source: str = "plan") -> Plan:
