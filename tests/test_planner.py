@@ -369,3 +369,25 @@ def test_transformers_engine_ladder_on_cpu() -> None:
 def test_impossible_constraints(kwargs: dict[str, object]) -> None:
     with pytest.raises(InvalidSettingError):
         Constraints(**kwargs)  # type: ignore[arg-type]
+
+
+def test_a_replica_across_nodes_runs_on_ray() -> None:
+    """vllm/config/parallel.py: a world size larger than the GPUs the node shows needs the
+    Ray executor; inside a node vLLM's default (multiprocessing) is kept."""
+    from oominfer.engines.vllm import to_vllm_args
+
+    across = plan(spec("deepseek-ai/DeepSeek-R1"), hw("H100", 16), Constraints())
+    assert across.settings.world_size == 16
+    assert across.settings.distributed_executor_backend == "ray"
+    args = to_vllm_args(across.settings)
+    assert args[args.index("--distributed-executor-backend") + 1] == "ray"
+    inside = plan(spec(LLAMA_70B), hw("H100", 8), Constraints())
+    assert inside.settings.distributed_executor_backend is None
+    assert "--distributed-executor-backend" not in to_vllm_args(inside.settings)
+
+
+def test_a_prefill_chunk_below_max_num_seqs_is_refused() -> None:
+    from oominfer.settings import VllmSettings
+
+    with pytest.raises(InvalidSettingError, match="--max-num-batched-tokens 64"):
+        VllmSettings(max_num_seqs=128, max_num_batched_tokens=64)

@@ -23,7 +23,12 @@ from oominfer.model.catalog import catalog_ids
 from oominfer.model.load import load_spec
 from oominfer.model.spec import ModelSpec
 from oominfer.planning.constraints import Constraints
-from oominfer.planning.layout import layouts, replicas, tensor_parallel_refusal
+from oominfer.planning.layout import (
+    executor_backend,
+    layouts,
+    replicas,
+    tensor_parallel_refusal,
+)
 from oominfer.planning.planner import PlanResult, plan
 from oominfer.planning.search import (
     CHUNK_STEPS,
@@ -84,6 +89,7 @@ def reaches_floor(
                 max_num_batched_tokens=CHUNK_STEPS[-1] if fewer_seqs else None,
                 tensor_parallel_size=layout.tp,
                 pipeline_parallel_size=layout.pp,
+                distributed_executor_backend=executor_backend(layout, C),
             )
             found = settle(s, hardware, C, settings, layout)
             if found is not None and found.context >= floor:
@@ -127,7 +133,10 @@ def _do_no_harm_when_vllms_defaults_fit(model: str, gpu: str, count: int) -> Non
     defaults = default_settings(s, hardware, C)
     for layout in layouts(s, hardware, C):
         trial = dataclasses.replace(
-            defaults, tensor_parallel_size=layout.tp, pipeline_parallel_size=layout.pp
+            defaults,
+            tensor_parallel_size=layout.tp,
+            pipeline_parallel_size=layout.pp,
+            distributed_executor_backend=executor_backend(layout, C),
         )
         found = settle(s, hardware, C, trial, layout)
         if found is not None and found.context == defaults.max_model_len:

@@ -8,6 +8,7 @@ from typing import Final
 from oominfer.hardware.hardware import Hardware
 from oominfer.model.spec import ModelSpec
 from oominfer.planning.constraints import Constraints
+from oominfer.settings import ExecutorBackend
 
 TENSOR_PARALLEL_SIZES: Final = (1, 2, 4, 8, 16)
 """The tensor-parallel sizes planned: powers of two, as NCCL and vLLM's custom all-reduce
@@ -65,6 +66,12 @@ def layouts(spec: ModelSpec, hardware: Hardware, c: Constraints) -> list[Layout]
         Layout(widest, pp) for pp in range(2, hardware.count // widest + 1) if pp <= spec.num_layers
     ]
     return sorted(found, key=lambda layout: (layout.world_size, layout.pp))
+
+
+def executor_backend(layout: Layout, c: Constraints) -> ExecutorBackend | None:
+    """``ray`` when the replica spans nodes: vLLM's multiprocessing backend only sees the
+    GPUs of its own node and refuses a larger world size (vllm/config/parallel.py)."""
+    return "ray" if layout.world_size > c.gpus_per_node else None
 
 
 def replicas(layout: Layout, hardware: Hardware) -> int:

@@ -22,7 +22,7 @@ from oominfer.memory.estimate import estimate
 from oominfer.model.spec import ModelSpec
 from oominfer.planning.constraints import Constraints, Prefer
 from oominfer.planning.document import Alternative, Concurrency, Lever
-from oominfer.planning.layout import layouts
+from oominfer.planning.layout import executor_backend, layouts
 from oominfer.planning.levers import explain
 from oominfer.planning.no_fit import does_not_fit
 from oominfer.planning.objective import best, costs
@@ -106,7 +106,10 @@ def _defaults_that_fit(spec: ModelSpec, hardware: Hardware, c: Constraints) -> C
     defaults = default_settings(spec, hardware, c)
     for layout in layouts(spec, hardware, c):
         settings = dataclasses.replace(
-            defaults, tensor_parallel_size=layout.tp, pipeline_parallel_size=layout.pp
+            defaults,
+            tensor_parallel_size=layout.tp,
+            pipeline_parallel_size=layout.pp,
+            distributed_executor_backend=executor_backend(layout, c),
         )
         found = settle(spec, hardware, c, settings, layout)
         if found is not None and found.context == defaults.max_model_len:

@@ -20,7 +20,7 @@ from oominfer.memory.estimate import estimate
 from oominfer.memory.profile import vllm_defaults
 from oominfer.model.spec import ModelSpec
 from oominfer.planning.constraints import Constraints
-from oominfer.planning.layout import Layout, layouts, replicas
+from oominfer.planning.layout import Layout, executor_backend, layouts, replicas
 from oominfer.settings import KvCacheDtype, Quantization, VllmSettings
 from oominfer.units import GiB, MiB
 
@@ -121,6 +121,7 @@ def candidates(spec: ModelSpec, hardware: Hardware, c: Constraints) -> Iterator[
                         tensor_parallel_size=layout.tp,
                         pipeline_parallel_size=layout.pp,
                         kv_cache_memory_bytes=c.kv_cache_memory_bytes,
+                        distributed_executor_backend=executor_backend(layout, c),
                     )
                     found = settle(spec, hardware, c, settings, layout)
                     if found is not None:
@@ -215,6 +216,7 @@ def with_offload(spec: ModelSpec, hardware: Hardware, c: Constraints) -> list[Ca
         enforce_eager=not hardware.is_cpu and c.engine == "vllm",
         tensor_parallel_size=widest.tp,
         pipeline_parallel_size=widest.pp,
+        distributed_executor_backend=executor_backend(widest, c),
     )
     for length in dict.fromkeys((cap, c.floor(spec.max_position_embeddings))):
         settings = dataclasses.replace(base, max_model_len=length)
