@@ -23,11 +23,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from oominfer.engines.vllm.rules.versions import CURRENT_VLLM, EngineVersion
 from oominfer.errors import InvalidSettingError
 from oominfer.hardware.hardware import Hardware
 from oominfer.memory.breakdown import MemoryBreakdown
 from oominfer.memory.estimate import estimate as _estimate
-from oominfer.memory.version import CURRENT_VLLM, EngineVersion
 from oominfer.model.load import load_spec
 from oominfer.model.spec import ModelSpec
 from oominfer.planning.constraints import Constraints

@@ -25,10 +25,10 @@ from click.testing import CliRunner
 from oominfer import k8s
 from oominfer.cli.k8s import k8s_command
 from oominfer.engines.vllm import to_vllm_args
+from oominfer.engines.vllm.rules.versions import CURRENT_RELEASE
 from oominfer.errors import ExitStatus, InvalidSettingError, PlanError
 from oominfer.k8s.options import K8sOptions
 from oominfer.k8s.sizing import Topology
-from oominfer.memory.version import CURRENT_RELEASE
 from oominfer.planning.document import Plan, Prediction, Verification, plan_to_dict
 from oominfer.settings import VllmSettings
 from oominfer.units import GiB

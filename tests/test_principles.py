@@ -83,7 +83,7 @@ def reaches_floor(
                 base,
                 max_model_len=floor,
                 quantization=quant,
-                kv_cache_dtype=kv_cache_dtypes(hardware, C)[-1],
+                kv_cache_dtype=kv_cache_dtypes(s, hardware, C)[-1],
                 enforce_eager=eager,
                 max_num_seqs=1 if fewer_seqs else base.max_num_seqs,
                 max_num_batched_tokens=CHUNK_STEPS[-1] if fewer_seqs else None,

@@ -17,6 +17,9 @@ from __future__ import annotations
 
 import math
 
+from oominfer.engines.vllm.rules import kv_cache as kv_cache_rules
+from oominfer.engines.vllm.rules import quantization as quantization_rules
+from oominfer.engines.vllm.rules.versions import CURRENT_VLLM, EngineVersion
 from oominfer.errors import InvalidSettingError
 from oominfer.hardware.hardware import Hardware
 from oominfer.memory.breakdown import MemoryBreakdown
@@ -38,7 +41,6 @@ from oominfer.memory.profile import (
     vllm_defaults,
 )
 from oominfer.memory.transformers import transformers_breakdown
-from oominfer.memory.version import CURRENT_VLLM, EngineVersion
 from oominfer.memory.weights import pp_layer_ranges, resolve_dtype, stage_weights
 from oominfer.model.spec import ATTENTION_KINDS, STATE_KINDS, ModelSpec
 from oominfer.settings import Engine, VllmSettings
@@ -74,12 +76,22 @@ def estimate(
     gpu = hardware.gpu
     dtype = resolve_dtype(spec, gpu, s.dtype)
     elem = dtype_bytes(dtype)
-    if s.kv_cache_dtype.startswith("fp8") and device == "cuda" and not gpu.supports_fp8:
-        raise InvalidSettingError(
-            f"--kv-cache-dtype {s.kv_cache_dtype} needs compute capability 8.9 or newer; "
-            f"{gpu.name} has {'.'.join(map(str, gpu.compute_capability))}.",
-            hint="Use --kv-cache-dtype auto.",
+    refused = kv_cache_rules.refusal(
+        s.kv_cache_dtype, gpu=gpu, model_dtype=dtype, device=device, version=version
+    )
+    if refused:
+        raise InvalidSettingError(f"{refused}.", hint="Use --kv-cache-dtype auto.")
+    method = s.quantization or (spec.quantization.method if spec.quantization else None)
+    if method is not None and engine == "vllm":
+        refused = quantization_rules.refusal(
+            method, gpu=gpu, dtype=dtype, engine=engine, device=device
         )
+        if refused:
+            raise InvalidSettingError(
+                f"vLLM cannot load {spec.model_id} here: {refused}.",
+                hint="Use --engine transformers for bitsandbytes checkpoints, or another GPU "
+                "or checkpoint.",
+            )
     kv_elem = kv_dtype_bytes(s.kv_cache_dtype, dtype)
     max_len = s.max_model_len or spec.default_max_model_len or spec.max_position_embeddings
     default_tokens, default_seqs = vllm_defaults(hardware, world_size=s.world_size)

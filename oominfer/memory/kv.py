@@ -7,7 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from oominfer.memory.version import CURRENT_VLLM, EngineVersion
+from oominfer.engines.vllm.rules.versions import CURRENT_VLLM, EngineVersion
 from oominfer.model.spec import ModelSpec
 
 # vLLM's paged-attention block: 16 tokens on CUDA (vllm/config/cache.py DEFAULT_BLOCK_SIZE),

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Final
 
+from oominfer.engines.vllm.rules.versions import CURRENT_VLLM, EngineVersion
 from oominfer.hardware.hardware import Hardware
-from oominfer.memory.version import CURRENT_VLLM, EngineVersion
 from oominfer.model.spec import ModelSpec
 from oominfer.units import GiB, MiB
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Final
 
+from oominfer.engines.vllm.rules.dtypes import compute_dtype
 from oominfer.errors import InvalidSettingError
 from oominfer.hardware.gpu import GpuSpec
 from oominfer.memory.dtypes import dtype_bytes
 from oominfer.model.spec import ModelSpec, QuantSpec
-from oominfer.settings import dtype_name
 
 # vLLM pads the vocabulary of the embedding and LM head to a multiple of 64
 # (vocab_parallel_embedding.py DEFAULT_VOCAB_PADDING_SIZE).
@@ -16,27 +16,12 @@ VOCAB_PADDING: Final = 64
 
 
 def resolve_dtype(spec: ModelSpec, gpu: GpuSpec, dtype: str) -> str:
-    """The compute dtype vLLM picks: ``auto`` is the checkpoint's 16-bit dtype, and bf16
-    becomes fp16 on GPUs older than compute capability 8.0 (vLLM does the same cast).
+    """The compute dtype vLLM runs the model in (engines/vllm/rules/dtypes.py).
 
     Raises:
-        InvalidSettingError: bf16 was asked for on a GPU that cannot run it.
+        InvalidSettingError: a dtype the GPU or the model refuses.
     """
-    if dtype == "auto":
-        name = dtype_name(spec.torch_dtype)
-        if name not in ("bfloat16", "float16"):
-            name = "bfloat16"  # fp32 checkpoints are served in 16-bit by default
-        if name == "bfloat16" and not gpu.supports_bf16:
-            name = "float16"
-        return name
-    name = dtype_name(dtype)
-    if name == "bfloat16" and not gpu.supports_bf16:
-        cc = ".".join(map(str, gpu.compute_capability))
-        raise InvalidSettingError(
-            f"{gpu.name} (compute capability {cc}) cannot run bfloat16; it needs 8.0 or newer.",
-            hint="Use --dtype float16.",
-        )
-    return name
+    return compute_dtype(spec, gpu, dtype)
 
 
 def weight_format(spec: ModelSpec, quantization: str | None) -> QuantSpec | None:
@@ -57,8 +42,9 @@ def weight_format(spec: ModelSpec, quantization: str | None) -> QuantSpec | None
                 raise InvalidSettingError(
                     f"--quantization {quantization} needs a checkpoint quantized that way, "
                     f"but {spec.model_id} is not.",
-                    hint="Use --quantization fp8 or bitsandbytes for in-flight quantization, "
-                    "or pick a pre-quantized checkpoint.",
+                    hint="Use --quantization fp8_per_tensor (vLLM) or int8/bitsandbytes "
+                    "(--engine transformers) to quantize in flight, or a pre-quantized "
+                    "checkpoint.",
                 )
             raise InvalidSettingError(
                 f"{spec.model_id} is a {spec.quantization.method} checkpoint; it cannot be "

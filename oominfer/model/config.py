@@ -278,7 +278,7 @@ def _quant_spec(qc: Any, model_id: str) -> QuantSpec | None:
             name = "gptq" if method.startswith("auto") else method.removesuffix("_marlin")
             return QuantSpec(method=name, bits=bits, group_size=group)
         case "fp8" | "fbgemm_fp8":
-            return QuantSpec(method="fp8", bits=8)
+            return QuantSpec(method=method, bits=8)
         case "mxfp4":
             return QuantSpec(method="mxfp4", bits=4, group_size=32, experts_only=True)
         case "bitsandbytes":
@@ -287,7 +287,9 @@ def _quant_spec(qc: Any, model_id: str) -> QuantSpec | None:
             return _compressed_tensors(qc)
         case "modelopt":
             algo = str(qc.get("quant_algo", "FP8")).upper()
-            return QuantSpec(method="modelopt", bits=4.5 if "FP4" in algo else 8)
+            if "FP4" in algo:
+                return QuantSpec(method="modelopt_fp4", bits=4.5)
+            return QuantSpec(method="modelopt", bits=8)
         case "":
             raise UnsupportedConfigError(f"{model_id}: quantization_config has no quant_method.")
         case _:

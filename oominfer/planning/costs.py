@@ -86,6 +86,12 @@ ORDER: Final[dict[Prefer, tuple[str, ...]]] = {
 }  # fmt: skip
 """The costs each ``--prefer`` compares, most important first."""
 
+WEIGHT_ONLY_FP8: Final[frozenset[Prefer]] = frozenset({"context", "throughput"})
+"""The objectives that quantize weights in flight to FP8 on a GPU without FP8 tensor cores
+(compute capability below 8.9). vLLM runs them there through Marlin as weight-only FP8
+(dequantized in every matmul, uncalibrated); an operator who wants the room by default
+takes a calibrated pre-quantized checkpoint instead, which the does-not-fit error names."""
+
 _WHY: Final = {c.name: c.why for c in LEVER_COSTS}
 
 

@@ -18,6 +18,7 @@ from oominfer.model.catalog import quantized_siblings
 from oominfer.model.load import load_spec
 from oominfer.model.spec import ModelSpec, QuantSpec
 from oominfer.planning.constraints import Constraints
+from oominfer.planning.costs import WEIGHT_ONLY_FP8
 from oominfer.planning.layout import layouts
 from oominfer.planning.search import (
     anything_fits,
@@ -72,6 +73,10 @@ def _ways_out(spec: ModelSpec, hardware: Hardware, c: Constraints) -> Iterator[s
             )
             if anything_fits(four_bit, hardware, c):
                 yield "a 4-bit (AWQ/GPTQ, int4) checkpoint of this model"
+    if c.prefer not in WEIGHT_ONLY_FP8 and c.quantizes_weights and not hardware.gpu.supports_fp8:
+        context = dataclasses.replace(c, prefer="context")
+        if anything_fits(spec, hardware, context):
+            yield "--prefer context (FP8 weights in flight, weight-only through Marlin on this GPU)"
     for n in GPU_COUNTS:
         if n > hardware.count and anything_fits(spec, dataclasses.replace(hardware, count=n), c):
             nodes = math.ceil(n / c.gpus_per_node)

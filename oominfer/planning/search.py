@@ -13,6 +13,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Final
 
+from oominfer.engines.vllm.rules import kv_cache as kv_cache_rules
+from oominfer.engines.vllm.rules import quantization as quantization_rules
+from oominfer.engines.vllm.rules.dtypes import compute_dtype
+from oominfer.engines.vllm.rules.versions import CURRENT_VLLM
 from oominfer.errors import InvalidSettingError
 from oominfer.hardware.hardware import Hardware
 from oominfer.memory.breakdown import MemoryBreakdown
@@ -20,6 +24,7 @@ from oominfer.memory.estimate import estimate
 from oominfer.memory.profile import vllm_defaults
 from oominfer.model.spec import ModelSpec
 from oominfer.planning.constraints import Constraints
+from oominfer.planning.costs import WEIGHT_ONLY_FP8
 from oominfer.planning.layout import Layout, executor_backend, layouts, replicas
 from oominfer.settings import KvCacheDtype, Quantization, VllmSettings
 from oominfer.units import GiB, MiB
@@ -59,18 +64,41 @@ class Candidate:
 def weight_formats(
     spec: ModelSpec, hardware: Hardware, c: Constraints
 ) -> list[Quantization | None]:
-    """Weight formats to try: the checkpoint's own, then in-flight ones the engine has."""
+    """Weight formats to try: the checkpoint's own, then in-flight ones the engine accepts
+    here (engines/vllm/rules/quantization.py)."""
     if spec.quantization is not None or not c.quantizes_weights:
         return [None]
-    if c.engine == "transformers":
-        return [None, "int8", "bitsandbytes"]
-    return [None, "fp8_per_tensor"] if hardware.gpu.supports_fp8 else [None]
+    online: tuple[Quantization, ...] = (
+        ("int8", "bitsandbytes") if c.engine == "transformers" else ("fp8_per_tensor",)
+    )
+    if c.engine == "vllm" and (
+        hardware.is_cpu or (not hardware.gpu.supports_fp8 and c.prefer not in WEIGHT_ONLY_FP8)
+    ):
+        return [None]
+    dtype = compute_dtype(spec, hardware.gpu, c.dtype)
+    return [None] + [
+        q
+        for q in online
+        if quantization_rules.refusal(
+            q, gpu=hardware.gpu, dtype=dtype, engine=c.engine, device=hardware.device
+        )
+        is None
+    ]
 
 
-def kv_cache_dtypes(hardware: Hardware, c: Constraints) -> list[KvCacheDtype]:
-    """KV-cache dtypes to try: the model's, then FP8 where the engine runs it."""
-    fp8 = not hardware.is_cpu and hardware.gpu.supports_fp8 and c.engine == "vllm"
-    return ["auto", "fp8"] if fp8 and c.quantizes_kv else ["auto"]
+def kv_cache_dtypes(spec: ModelSpec, hardware: Hardware, c: Constraints) -> list[KvCacheDtype]:
+    """KV-cache dtypes to try: the model's, then FP8 where vLLM runs it
+    (engines/vllm/rules/kv_cache.py)."""
+    if hardware.is_cpu or c.engine != "vllm" or not c.quantizes_kv:
+        return ["auto"]
+    refused = kv_cache_rules.refusal(
+        "fp8",
+        gpu=hardware.gpu,
+        model_dtype=compute_dtype(spec, hardware.gpu, c.dtype),
+        device=hardware.device,
+        version=CURRENT_VLLM,
+    )
+    return ["auto"] if refused else ["auto", "fp8"]
 
 
 def _utilization(c: Constraints) -> float:
@@ -101,7 +129,7 @@ def candidates(spec: ModelSpec, hardware: Hardware, c: Constraints) -> Iterator[
         chunks += [n for n in CHUNK_STEPS if n < default_chunk]
     for layout in layouts(spec, hardware, c):
         for quant in weight_formats(spec, hardware, c):
-            for kv in kv_cache_dtypes(hardware, c):
+            for kv in kv_cache_dtypes(spec, hardware, c):
                 variants = [
                     (eager, seqs, chunk)
                     for eager in eager_options
@@ -189,7 +217,7 @@ def anything_fits(spec: ModelSpec, hardware: Hardware, c: Constraints) -> bool:
         for quant in weight_formats(spec, hardware, c)[-1:]:
             settings = VllmSettings(
                 quantization=quant,
-                kv_cache_dtype=kv_cache_dtypes(hardware, c)[-1],
+                kv_cache_dtype=kv_cache_dtypes(spec, hardware, c)[-1],
                 gpu_memory_utilization=_utilization(c),
                 max_model_len=floor,
                 max_num_seqs=c.concurrency or 1,

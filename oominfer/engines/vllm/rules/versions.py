@@ -1,4 +1,8 @@
-"""The vLLM release whose behaviour the estimate follows: what changed between releases."""
+"""vLLM releases: what changed between them that moves the memory split or the rules.
+
+Read from vllm/v1/worker/gpu_worker.py (determine_available_memory), the model runners'
+profile_run and dummy sampler, and vllm/config/compilation.py, release by release.
+"""
 
 from __future__ import annotations
 
