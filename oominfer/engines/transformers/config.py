@@ -31,6 +31,8 @@ class ServerConfig:
     model: str
     served_model_name: str
     settings: VllmSettings
+    revision: str | None = None
+    """The Hub revision to load (``--revision``; default: the plan's)."""
     device: str = "auto"
     host: str = "127.0.0.1"
     port: int = 8000
@@ -54,6 +56,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--model", help="model folder or id (default: the plan's model_id)")
     p.add_argument("--plan", type=Path, help="a plan.json written by `oominfer fit`")
+    p.add_argument("--revision", help="Hub revision of the model (default: the plan's)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--dtype", choices=["auto", "bfloat16", "float16", "float32"])
@@ -118,6 +121,7 @@ def resolve_config(args: argparse.Namespace) -> ServerConfig:
         model=model,
         served_model_name=args.served_model_name or model,
         settings=settings,
+        revision=args.revision or (plan.revision if plan else None),
         device=args.device or (plan.device if plan else "auto"),
         host=args.host,
         port=args.port,
