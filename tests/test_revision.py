@@ -11,6 +11,7 @@ import pytest
 from _pure_fixtures import offline_hub  # noqa: F401 - autouse fixture
 from checkpoints import TINY_CONFIG, llama_tensors, model_folder, write_safetensors
 from click.testing import CliRunner
+from test_api import _ReadyProber
 
 import oominfer
 from oominfer.cli import main
@@ -23,8 +24,6 @@ from oominfer.serving.run import server_argv
 from oominfer.settings import VllmSettings
 from oominfer.verify import prober as prober_module
 from oominfer.verify.cache import cache_key
-from oominfer.verify.prober import ProbeResult
-from oominfer.verify.status import LogFacts, ProbeStatus
 
 OLD, NEW = "1" * 40, "2" * 40
 
@@ -89,22 +88,14 @@ def test_verified_plans_are_cached_per_revision(cached_repo: str) -> None:
     assert len(keys) == 3
 
 
-class _Prober:
+class _Prober(_ReadyProber):
+    """test_api's prober (every launch READY at once) that keeps what it was made with."""
+
     made: ClassVar[list[dict[str, Any]]] = []
 
     def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
         _Prober.made.append(kwargs)
-
-    def __call__(self, model: str, settings: VllmSettings, **kw: Any) -> ProbeResult:
-        return ProbeResult(
-            status=ProbeStatus.READY,
-            settings=settings,
-            log_path=Path("/nonexistent/probe.log"),
-            facts=LogFacts(status=ProbeStatus.READY, phase="ready"),
-            seconds=1.0,
-            requests_ok=1,
-            engine_version="vllm 0.0-test",
-        )
 
 
 def test_fit_launches_the_engine_at_the_revision(
