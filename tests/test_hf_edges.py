@@ -496,3 +496,21 @@ def test_help_lists_the_new_flags(capsys: pytest.CaptureFixture[str]) -> None:
                  "--timeout-request", "--max-connections"):  # fmt: skip
         assert flag in text
     assert "gets 413 (default: 10MiB)" in text
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--max-body-size", "lots"], "cannot read the size 'lots'"),
+        (["--max-body-size", "0"], "must be positive"),
+        (["--max-connections", "0"], "--max-connections must be positive, got 0"),
+        (["--timeout-request", "-1"], "--timeout-request must be positive, got -1"),
+        (["--default-max-tokens", "0"], "--default-max-tokens must be positive, got 0"),
+    ],
+)
+def test_bad_limit_flags_are_refused(flags: list[str], message: str) -> None:
+    from oominfer.engines.transformers.config import parse_args, resolve_config
+    from oominfer.errors import InvalidSettingError
+
+    with pytest.raises(InvalidSettingError, match=re.escape(message)):
+        resolve_config(parse_args(["--model", "m", *flags]))

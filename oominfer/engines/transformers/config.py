@@ -104,7 +104,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--model", help="model folder or id (default: the plan's model_id)")
     p.add_argument("--plan", type=Path, help="a plan.json written by `oominfer fit`")
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default: %(default)s); another than loopback "
+                   "without --api-key logs a warning")  # fmt: skip
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--dtype", choices=["auto", "bfloat16", "float16", "float32"])
     p.add_argument("--quantization", choices=["bitsandbytes", "int8"])
