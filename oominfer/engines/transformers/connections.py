@@ -80,9 +80,7 @@ class GuardedH11Protocol(H11Protocol):
                            "progress: refusing new connections.", len(open_), cap)  # fmt: skip
                 transport.close()
                 return
-        self.timeout_keep_alive_task = self.loop.call_later(
-            self.timeout_keep_alive, self.timeout_keep_alive_handler
-        )
+        self._arm_keep_alive()
 
     def connection_lost(self, exc: Exception | None) -> None:
         """As uvicorn's, and the request timer goes."""
@@ -104,9 +102,7 @@ class GuardedH11Protocol(H11Protocol):
             return
         self._cancel_request_timer()
         if self.idle() and self.timeout_keep_alive_task is None:
-            self.timeout_keep_alive_task = self.loop.call_later(
-                self.timeout_keep_alive, self.timeout_keep_alive_handler
-            )
+            self._arm_keep_alive()
 
     def on_response_complete(self) -> None:
         """As uvicorn's (which arms the keep-alive timer); the connection is idle from now."""
@@ -122,6 +118,12 @@ class GuardedH11Protocol(H11Protocol):
         with contextlib.suppress(h11.LocalProtocolError):
             self.conn.send(h11.ConnectionClosed())
         self.transport.close()
+
+    def _arm_keep_alive(self) -> None:
+        """uvicorn's keep-alive timer, where uvicorn would not set it."""
+        self.timeout_keep_alive_task = self.loop.call_later(
+            self.timeout_keep_alive, self.timeout_keep_alive_handler
+        )
 
     def _receiving_request(self) -> bool:
         """Part of a request has arrived, not all of it."""
