@@ -76,6 +76,8 @@ class ServerConfig:
     model: str
     served_model_name: str
     settings: VllmSettings
+    revision: str | None = None
+    """The Hub revision to load (``--revision``; default: the plan's)."""
     device: str = "auto"
     host: str = "127.0.0.1"
     port: int = 8000
@@ -104,6 +106,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--model", help="model folder or id (default: the plan's model_id)")
     p.add_argument("--plan", type=Path, help="a plan.json written by `oominfer fit`")
+    p.add_argument("--revision", help="Hub revision of the model (default: the plan's)")
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default: %(default)s); another than loopback "
                    "without --api-key logs a warning")  # fmt: skip
@@ -217,6 +220,7 @@ def resolve_config(args: argparse.Namespace) -> ServerConfig:
         model=model,
         served_model_name=args.served_model_name or model,
         settings=settings,
+        revision=args.revision or (plan.revision if plan else None),
         device=args.device or (plan.device if plan else "auto"),
         host=args.host,
         port=args.port,
