@@ -157,8 +157,11 @@ def test_t4_gets_float16_and_never_fp8(model: str) -> None:
         check_plan(r)
         assert r.settings.dtype == "float16"
         assert r.breakdown.dtype == "float16"
-        assert r.settings.kv_cache_dtype == "auto"
-        assert r.settings.quantization is None
+        assert r.settings.kv_cache_dtype == "auto"  # an FP8 KV cache needs 8.0
+        # weight-only FP8 through Marlin only when the objective asks for any lever
+        assert r.settings.quantization in (
+            (None, "fp8_per_tensor") if prefer in ("context", "throughput") else (None,)
+        )
         dtype_lever = next(lever for lever in r.levers if lever.name == "dtype")
         assert "8.0" in dtype_lever.reason
     for cand in candidates(spec(model), t4, Constraints()):

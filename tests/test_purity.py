@@ -18,6 +18,7 @@ HUB = ("huggingface_hub",)
 PURE = [
     "oominfer.errors",
     "oominfer.units",
+    "oominfer.memory.dtypes",
     "oominfer.settings",
     "oominfer.model.load",
     "oominfer.hardware.hardware",

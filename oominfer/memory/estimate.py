@@ -84,7 +84,7 @@ def estimate(
     method = s.quantization or (spec.quantization.method if spec.quantization else None)
     if method is not None and engine == "vllm":
         refused = quantization_rules.refusal(
-            method, gpu=gpu, dtype=dtype, engine=engine, device=device
+            method, gpu=gpu, dtype=dtype, engine=engine, device=device, release=version.release
         )
         if refused:
             raise InvalidSettingError(

@@ -15,6 +15,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from oominfer.engines.vllm.rules import quantization as quantization_rules
+from oominfer.engines.vllm.rules.dtypes import compute_dtype
 from oominfer.errors import InvalidSettingError
 from oominfer.hardware.hardware import Hardware
 from oominfer.memory.breakdown import MemoryBreakdown
@@ -33,7 +35,7 @@ from oominfer.planning.search import (
     settle,
     with_offload,
 )
-from oominfer.settings import Dtype, VllmSettings
+from oominfer.settings import Dtype, Engine, VllmSettings
 
 ALTERNATIVES: tuple[tuple[Prefer, str], ...] = (
     ("context", "longest context"),
@@ -48,6 +50,8 @@ ALTERNATIVES: tuple[tuple[Prefer, str], ...] = (
 class PlanResult:
     """The chosen configuration, its breakdown, the levers turned, and what was set aside."""
 
+    engine: Engine = "vllm"
+    """The engine the plan runs on (a bitsandbytes checkpoint moves it to transformers)."""
     settings: VllmSettings
     breakdown: MemoryBreakdown
     levers: tuple[Lever, ...]
@@ -66,8 +70,10 @@ def plan(spec: ModelSpec, hardware: Hardware, constraints: Constraints) -> PlanR
 
     Raises:
         DoesNotFitError: nothing fits; the message gives the shortfall and the ways out.
+        InvalidSettingError: the engine cannot run this checkpoint or dtype on this GPU.
     """
-    c = constraints
+    c, switched = _engine_for(spec, constraints)
+    _check_checkpoint(spec, hardware, c)
     found = list(candidates(spec, hardware, c))
     chosen = _defaults_that_fit(spec, hardware, c)
     defaults_fit = chosen is not None
@@ -79,10 +85,14 @@ def plan(spec: ModelSpec, hardware: Hardware, constraints: Constraints) -> PlanR
     if chosen is None:
         raise does_not_fit(spec, hardware, c)
     chosen = _with_dtype(spec, hardware, c, chosen)
+    levers = explain(spec, hardware, chosen, engine=c.engine)
+    if switched is not None:
+        levers = (*levers[:2], switched, *levers[2:])
     return PlanResult(
+        engine=c.engine,
         settings=chosen.settings,
         breakdown=chosen.breakdown,
-        levers=explain(spec, hardware, chosen, engine=c.engine),
+        levers=levers,
         baseline=_baseline(spec, hardware, c),
         candidates=len(found),
         replicas=chosen.replicas,
@@ -90,6 +100,47 @@ def plan(spec: ModelSpec, hardware: Hardware, constraints: Constraints) -> PlanR
         alternatives=_alternatives(spec, hardware, c, chosen, found),
         defaults_fit=defaults_fit,
     )
+
+
+def _engine_for(spec: ModelSpec, c: Constraints) -> tuple[Constraints, Lever | None]:
+    """The constraints with the engine that can load the checkpoint: vLLM 0.32/0.33 has no
+    bitsandbytes loader, so such a checkpoint goes to the transformers engine."""
+    method = spec.quantization.method if spec.quantization else None
+    rule = quantization_rules.rule_for(method) if method else None
+    if rule is None or c.engine in rule.engines:
+        return c, None
+    engine = sorted(rule.engines)[0]
+    lever = Lever(
+        name="engine",
+        value=engine,
+        reason=f"{c.engine} cannot load a {method} checkpoint ({rule.source})",
+        cost="the transformers engine: no paged KV cache, simpler batching",
+    )
+    return dataclasses.replace(c, engine=engine), lever
+
+
+def _check_checkpoint(spec: ModelSpec, hardware: Hardware, c: Constraints) -> None:
+    """Refuse a checkpoint or dtype the engine cannot run on this GPU, before searching.
+
+    Raises:
+        InvalidSettingError: the dtype is refused, or the checkpoint's quantization method
+            needs another GPU or dtype (engines/vllm/rules/quantization.py).
+    """
+    dtype = compute_dtype(spec, hardware.gpu, c.dtype)
+    if spec.quantization is None or c.engine != "vllm":
+        return
+    refused = quantization_rules.refusal(
+        spec.quantization.method,
+        gpu=hardware.gpu,
+        dtype=dtype,
+        engine=c.engine,
+        device=hardware.device,
+    )
+    if refused:
+        raise InvalidSettingError(
+            f"vLLM cannot run {spec.model_id} on {hardware.gpu.name}: {refused}.",
+            hint="Plan for a GPU that runs it (--gpu), or pick another checkpoint of the model.",
+        )
 
 
 def concurrency(cand: Candidate) -> Concurrency:

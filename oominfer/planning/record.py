@@ -71,7 +71,7 @@ def make_plan(
         revision=spec.revision,
         device=hardware.device,
         gpu=hardware_facts(hardware),
-        engine=constraints.engine,
+        engine=result.engine,
         engine_version=engine_version,
         settings=result.settings,
         predicted=Prediction.of(result.breakdown),

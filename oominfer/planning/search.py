@@ -183,19 +183,47 @@ def settle(
             settings, kv_cache_memory_bytes=b.kv_cache_bytes // MiB * MiB
         )
         b = estimate(spec, hardware=hardware, settings=settings, engine=engine)
-    length = min(settings.max_model_len or b.max_model_len, b.max_model_len_that_fits)
-    # The activation peak depends on the length (fewer tokens per step for short contexts),
-    # so settle on a length that fits with its own peak.
+    floor = c.hard_floor(spec.max_position_embeddings)
+    cap = settings.max_model_len or b.max_model_len
+
+    def at(length: int) -> MemoryBreakdown | None:
+        trial = estimate(
+            spec,
+            hardware=hardware,
+            settings=dataclasses.replace(settings, max_model_len=length),
+            engine=engine,
+        )
+        return trial if trial.fits else None
+
+    # The activation peak depends on the length (vLLM: fewer tokens per step for short
+    # contexts; transformers: the prefill of one whole prompt), so settle on a length that
+    # fits with its own peak: from the length the cache holds, then by bisection.
+    length = min(cap, b.max_model_len_that_fits)
+    found_b: MemoryBreakdown | None = None
     for _ in range(4):
-        if length < c.hard_floor(spec.max_position_embeddings) or length <= 0:
-            return None
-        settings = dataclasses.replace(settings, max_model_len=length)
-        b = estimate(spec, hardware=hardware, settings=settings, engine=engine)
-        if b.fits:
+        if length < floor:
             break
-        length = min(length - 1, b.max_model_len_that_fits)
-    else:
-        return None
+        found_b = at(length)
+        if found_b is not None:
+            break
+        retry = estimate(
+            spec,
+            hardware=hardware,
+            settings=dataclasses.replace(settings, max_model_len=length),
+            engine=engine,
+        )
+        length = min(length - 1, retry.max_model_len_that_fits)
+    if found_b is None:
+        if at(floor) is None:
+            return None
+        lo, hi = floor, cap
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if at(mid) is not None else (lo, mid - 1)
+        length, found_b = lo, at(lo)
+    assert found_b is not None
+    b = found_b
+    settings = dataclasses.replace(settings, max_model_len=length)
     layout = layout or Layout(settings.tensor_parallel_size, settings.pipeline_parallel_size)
     found = Candidate(
         settings=settings,

@@ -52,6 +52,7 @@ def server_argv(
         host=host,
         port=port,
         python=python or sys.executable,
+        revision=plan.revision,
     )
     if api_key:
         argv += ["--api-key", api_key]

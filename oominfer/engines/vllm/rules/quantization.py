@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
+from oominfer.engines.vllm.rules.versions import CURRENT_RELEASE
 from oominfer.hardware.gpu import GpuSpec
 from oominfer.settings import Engine
 
@@ -30,7 +31,9 @@ class QuantRule:
     dtypes: frozenset[str] = _SIXTEEN
     """Compute dtypes it runs with (vLLM's get_supported_act_dtypes)."""
     engines: frozenset[Engine] = frozenset({"vllm"})
-    """Engines that load it: vLLM 0.32/0.33 has no bitsandbytes loader."""
+    """Engines that load it (today's releases)."""
+    vllm_until: tuple[int, int] | None = None
+    """The vLLM release that removed it (older releases load it: calibration replays them)."""
     flags: tuple[str, ...] = ()
     """vLLM flags it needs (the settings field is set by the planner)."""
     source: str
@@ -95,6 +98,7 @@ RULES: Final = {
             min_capability=(0, 0),
             dtypes=frozenset({"bfloat16", "float16", "float32"}),
             engines=frozenset({"transformers"}),
+            vllm_until=(0, 32),
             source="vllm/model_executor/layers/quantization/__init__.py QUANTIZATION_METHODS "
             "(no bitsandbytes in 0.32/0.33)",
         ),
@@ -115,12 +119,24 @@ def rule_for(method: str) -> QuantRule | None:
     return RULES.get(method)
 
 
-def refusal(method: str, *, gpu: GpuSpec, dtype: str, engine: Engine, device: str) -> str | None:
-    """Why the engine refuses ``method`` here, in one sentence, or None when it accepts it."""
+def refusal(
+    method: str,
+    *,
+    gpu: GpuSpec,
+    dtype: str,
+    engine: Engine,
+    device: str,
+    release: tuple[int, int] = CURRENT_RELEASE,
+) -> str | None:
+    """Why the engine (vLLM: of ``release``) refuses ``method`` here, in one sentence, or
+    None when it accepts it."""
     rule = rule_for(method)
     if rule is None:
         return f"{engine} has no {method} quantization method"
-    if engine not in rule.engines:
+    loads_it = engine in rule.engines or (
+        engine == "vllm" and rule.vllm_until is not None and release < rule.vllm_until
+    )
+    if not loads_it:
         return (
             f"vLLM has no {method} quantization method (Unknown quantization method); "
             "the transformers engine loads it"
