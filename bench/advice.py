@@ -6,7 +6,7 @@ Each scenario of ``scenarios.json`` (../shared/advice/, or the copy in tests/dat
 its ``expect`` (or one entry of ``any_of``): the exit code, rules on the plan's settings, the
 engine, and for a plan that does not fit, a way out named in the error.
 
-Usage: python bench/advice.py [--scenarios FILE] [-v]
+Usage: python bench/advice.py [--scenarios FILE] [--engine-version X.Y ...]
 """
 
 from __future__ import annotations
@@ -84,9 +84,12 @@ def _expect_failures(
     return failures
 
 
-def run_scenario(scenario: dict[str, Any]) -> Outcome:
-    """Run one scenario through the CLI, as a user would, and judge it."""
+def run_scenario(scenario: dict[str, Any], engine_version: str | None = None) -> Outcome:
+    """Run one scenario through the CLI, as a user would, and judge it (planned for the
+    installed vLLM, or for ``engine_version``)."""
     args = ["fit", scenario["model"], *shlex.split(scenario.get("args", ""))]
+    if engine_version:
+        args += ["--engine-version", engine_version]
     result = CliRunner().invoke(cli, [*args, "--no-verify", "--json"], prog_name="oominfer")
     plan = None
     if result.exit_code == 0:
@@ -124,13 +127,22 @@ def main() -> int:
     """Run the scenarios and print each outcome and the pass count."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scenarios", type=Path)
+    parser.add_argument(
+        "--engine-version",
+        action="append",
+        help="vLLM release to plan for (repeat for several; default: 0.32 and 0.33)",
+    )
     args = parser.parse_args()
-    outcomes = [run_scenario(s) for s in load_scenarios(args.scenarios)]
-    for outcome in outcomes:
-        print(describe(outcome))
-    passed = sum(o.passed for o in outcomes)
-    print(f"\n{passed}/{len(outcomes)} scenarios pass")
-    return 0 if passed == len(outcomes) else 1
+    failed = 0
+    for version in args.engine_version or ["0.32", "0.33"]:
+        outcomes = [run_scenario(s, version) for s in load_scenarios(args.scenarios)]
+        print(f"vLLM {version}:")
+        for outcome in outcomes:
+            print(describe(outcome))
+        passed = sum(o.passed for o in outcomes)
+        failed += len(outcomes) - passed
+        print(f"\n{passed}/{len(outcomes)} scenarios pass for vLLM {version}\n")
+    return 0 if not failed else 1
 
 
 if __name__ == "__main__":

@@ -235,10 +235,12 @@ ADVICE = load_advice()
 SCENARIOS = ADVICE.load_scenarios(REPO / "tests" / "data" / "advice_scenarios.json")
 
 
+@pytest.mark.parametrize("version", ["0.32", "0.33"])
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=[s["id"] for s in SCENARIOS])
-def test_advice_scenario(scenario: dict[str, object]) -> None:
-    """bench/advice.py's scenarios: plans an experienced operator would ship."""
-    outcome = ADVICE.run_scenario(scenario)
+def test_advice_scenario(scenario: dict[str, object], version: str) -> None:
+    """bench/advice.py's scenarios: plans an experienced operator would ship, planned for
+    either vLLM release."""
+    outcome = ADVICE.run_scenario(scenario, version)
     assert outcome.passed, ADVICE.describe(outcome)
 
 

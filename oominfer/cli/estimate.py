@@ -69,7 +69,11 @@ def estimate(model: str, revision: str | None, as_json: bool, **opts: Any) -> No
     settings = build_settings(opts)
     hardware = build_hardware(opts)
     spec = load_model(model, revision=revision)
-    b = run_estimate(spec, hardware, settings, engine=opts["engine"])
+    from oominfer.api import default_engine_version
+    from oominfer.engines.vllm.rules.versions import EngineVersion
+
+    release = opts.get("engine_version") or default_engine_version()
+    b = run_estimate(spec, hardware, settings, engine=opts["engine"], engine_version=release)
     predicted = Prediction.of(b)
     fits, line = verdict(predicted)
     note = parallel_note(spec, hardware, settings)
@@ -90,7 +94,14 @@ def estimate(model: str, revision: str | None, as_json: bool, **opts: Any) -> No
         )  # fmt: skip
     error = None
     if not fits:
-        ways = ways_out(spec, hardware, settings, b, engine=opts["engine"])
+        ways = ways_out(
+            spec,
+            hardware,
+            settings,
+            b,
+            engine=opts["engine"],
+            version=EngineVersion.parse(release),
+        )
         error = DoesNotFitError(line, shortfall_bytes=b.shortfall_bytes, ways_out=ways,
                                 reported=True)  # fmt: skip
     if as_json:

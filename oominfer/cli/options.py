@@ -55,6 +55,11 @@ GPU_MEMORY_UTILIZATION = click.option(
     "--gpu-memory-utilization", type=click.FloatRange(0, 1, min_open=True),
     help=f"Fraction of the GPU vLLM may use (default: vLLM's {DEFAULTS.gpu_memory_utilization}).",
 )  # fmt: skip
+ENGINE_VERSION = click.option(
+    "--engine-version", metavar="X.Y",
+    help="The vLLM release to plan for: its memory profile and rules (default: the "
+    "installed vLLM, else the latest release).",
+)  # fmt: skip
 KV_CACHE_MEMORY_BYTES = click.option(
     "--kv-cache-memory-bytes", metavar="SIZE",
     help="Fix the KV-cache size instead of deriving it (e.g. 4GiB).",
@@ -103,6 +108,7 @@ settings_options = _compose(
         default=DEFAULTS.cpu_offload_gb, show_default=True,
     ),
     KV_CACHE_MEMORY_BYTES,
+    ENGINE_VERSION,
 )  # fmt: skip
 """The engine flags of `estimate`, under vLLM's names and with vLLM's defaults."""
 
@@ -137,6 +143,7 @@ fit_options = _compose(
     click.option("--allow-offload", is_flag=True, help="Allow CPU offload of weights (slow)."),
     GPU_MEMORY_UTILIZATION,
     KV_CACHE_MEMORY_BYTES,
+    ENGINE_VERSION,
     click.option(
         "--verify/--no-verify", default=None,
         help="Prove the plan with the real engine (default: when one is installed).",
@@ -219,4 +226,5 @@ def build_constraints(opts: dict[str, Any]) -> Constraints:
         gpu_memory_utilization=opts.get("gpu_memory_utilization"),
         kv_cache_memory_bytes=_size(opts.get("kv_cache_memory_bytes")),
         gpus_per_node=opts["gpus_per_node"],
+        engine_version=opts.get("engine_version"),
     )

@@ -19,14 +19,19 @@ import math
 
 from oominfer.engines.vllm.rules import kv_cache as kv_cache_rules
 from oominfer.engines.vllm.rules import quantization as quantization_rules
+from oominfer.engines.vllm.rules.attention import (
+    block_size,
+    capture_sizes,
+    max_capture_size,
+    state_blocks_per_request,
+    triton_mla_workspace_bytes,
+)
 from oominfer.engines.vllm.rules.versions import CURRENT_VLLM, EngineVersion
 from oominfer.errors import InvalidSettingError
 from oominfer.hardware.hardware import Hardware
 from oominfer.memory.breakdown import MemoryBreakdown
 from oominfer.memory.dtypes import dtype_bytes, kv_dtype_bytes
 from oominfer.memory.kv import (
-    CPU_BLOCK_SIZE,
-    GPU_BLOCK_SIZE,
     kv_bytes_per_token_layer,
     kv_layout,
     longest,
@@ -37,7 +42,6 @@ from oominfer.memory.profile import (
     NON_TORCH_BYTES,
     NON_TORCH_TP_BYTES,
     activation_bytes,
-    capture_sizes,
     vllm_defaults,
 )
 from oominfer.memory.transformers import transformers_breakdown
@@ -124,6 +128,13 @@ def estimate(
     activation = activation_bytes(
         spec, tokens=batched, seqs=seqs, dtype_size=elem, tp=tp, version=version
     )
+    if device == "cuda" and version.sampler_warmup_pass:
+        # 0.33's second dummy sampler pass copies the logits to fp32 (at least that much).
+        activation += min(batched, seqs) * spec.vocab_size * 4
+    if device == "cuda" and version.mla_workspace_in_profile:
+        activation += triton_mla_workspace_bytes(
+            spec, gpu, max_num_seqs=seqs, max_model_len=max_len, tp=tp
+        )
     if device == "cpu":
         non_torch = CPU_RUNTIME_BYTES
     else:
@@ -131,6 +142,9 @@ def estimate(
     # Each pipeline stage profiles and sizes its own cache; vLLM then gives every stage the
     # smallest block count among them (v1/core/kv_cache_utils.py get_kv_cache_configs), so
     # the stage with the fewest blocks decides.
+    graph_sizes = capture_sizes(seqs, batched, largest=max_capture_size(gpu, spec))
+    block = block_size(spec, gpu, device=device, kv_cache_dtype=s.kv_cache_dtype)
+    state_blocks = state_blocks_per_request(spec, gpu, version)
     seen: dict[tuple[int, tuple[str, ...]], MemoryBreakdown] = {}
     for index, (stage_bytes, layers) in enumerate(zip(stages, ranges, strict=True)):
         kinds = tuple(spec.layer_kinds[i] for i in layers)
@@ -139,7 +153,7 @@ def estimate(
             continue
         graphs = 0
         if device == "cuda" and not s.enforce_eager:
-            graphs = GRAPH_BYTES_PER_LAYER_AND_SIZE * len(layers) * capture_sizes(seqs, batched)
+            graphs = GRAPH_BYTES_PER_LAYER_AND_SIZE * len(layers) * graph_sizes
         weights = max(0, stage_bytes // tp - offload)
         if s.kv_cache_memory_bytes is not None:
             kv_cache = s.kv_cache_memory_bytes
@@ -151,9 +165,10 @@ def estimate(
             kinds,
             per_token_layer=per_layer,
             state_bytes_layer=state_layer,
-            block=CPU_BLOCK_SIZE if device == "cpu" else GPU_BLOCK_SIZE,
+            block=block,
             batched=batched,
             pp=pp,
+            state_blocks=max(state_blocks, 1),
         )
         num_blocks = kv_cache // layout.bytes_per_block if layout and kv_cache > 0 else 0
         # Block 0 is the pool's null block (vllm/v1/core/block_pool.py): a request can use

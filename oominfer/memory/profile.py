@@ -51,20 +51,6 @@ def vllm_defaults(hardware: Hardware, *, world_size: int = 1) -> tuple[int, int]
     return 2048, 256
 
 
-def capture_sizes(max_num_seqs: int, max_num_batched_tokens: int) -> int:
-    """How many batch sizes vLLM captures CUDA graphs for (VllmConfig._set_cudagraph_sizes):
-    [1, 2, 4] + range(8, 256, 8) + range(256, cap + 1, 16) (+ max_num_seqs),
-    cap = min(max_num_batched_tokens, 2 * max_num_seqs, 512).
-    """
-    top = min(max_num_batched_tokens, 2 * max_num_seqs, 512)
-    sizes = {s for s in (1, 2, 4) if s <= top}
-    sizes |= set(range(8, min(top + 1, 256), 8))
-    sizes |= set(range(256, top + 1, 16))
-    if max_num_seqs <= top:
-        sizes.add(max_num_seqs)
-    return len(sizes)
-
-
 def activation_bytes(
     spec: ModelSpec,
     *,

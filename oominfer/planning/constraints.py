@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final, Literal, get_args
 
+from oominfer.engines.vllm.rules.versions import LATEST_VLLM, EngineVersion
 from oominfer.errors import InvalidSettingError
 from oominfer.settings import Dtype, Engine
 
@@ -56,6 +57,8 @@ class Constraints:
     """CPU serving: the KV-cache budget (vLLM's --kv-cache-memory-bytes)."""
     gpus_per_node: int = 8
     """GPUs of one node: tensor parallelism stays within a node, pipeline stages span nodes."""
+    engine_version: str | None = None
+    """The vLLM release to plan for (``0.33``, ``vllm 0.32.0``); None: the latest known."""
 
     def __post_init__(self) -> None:
         """Reject constraints that cannot hold together."""
@@ -88,6 +91,11 @@ class Constraints:
         """The context no plan goes below: --min-context, else SHORTEST_CONTEXT (capped)."""
         cap = min(trained, self.max_model_len or trained)
         return self.min_context or min(SHORTEST_CONTEXT, cap)
+
+    @property
+    def vllm_version(self) -> EngineVersion:
+        """The vLLM release whose memory profile and rules the plan follows."""
+        return EngineVersion.parse(self.engine_version) if self.engine_version else LATEST_VLLM
 
     @property
     def quantizes_kv(self) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from oominfer.engines.vllm.rules.versions import EngineVersion
 from oominfer.errors import InvalidSettingError
 from oominfer.hardware.hardware import Hardware
 from oominfer.memory.estimate import estimate
@@ -23,6 +24,7 @@ def explain(
     best: Candidate,
     *,
     engine: Engine,
+    version: EngineVersion,
 ) -> tuple[Lever, ...]:
     """Each lever the chosen plan turned, why, the bytes it saved and what it costs."""
     s, b = best.settings, best.breakdown
@@ -39,7 +41,7 @@ def explain(
     def saved(other: VllmSettings) -> int:
         """Non-KV bytes the chosen plan saves over ``other`` (itself with a lever put back)."""
         try:
-            o = estimate(spec, hardware=hardware, settings=other, engine=engine)
+            o = estimate(spec, hardware=hardware, settings=other, engine=engine, version=version)
         except InvalidSettingError:
             return 0
         return max(0, o.non_kv_bytes - b.non_kv_bytes)

@@ -13,7 +13,6 @@ from collections.abc import Iterator
 from oominfer.errors import DoesNotFitError, ModelError
 from oominfer.hardware.hardware import Hardware
 from oominfer.memory.breakdown import MemoryBreakdown
-from oominfer.memory.estimate import estimate
 from oominfer.model.catalog import quantized_siblings
 from oominfer.model.load import load_spec
 from oominfer.model.spec import ModelSpec, QuantSpec
@@ -24,6 +23,7 @@ from oominfer.planning.search import (
     anything_fits,
     candidates,
     default_settings,
+    estimate_for,
     with_offload,
 )
 from oominfer.units import format_bytes
@@ -44,7 +44,7 @@ def _closest(spec: ModelSpec, hardware: Hardware, c: Constraints) -> MemoryBreak
         tensor_parallel_size=widest.tp,
         pipeline_parallel_size=widest.pp,
     )
-    return estimate(spec, hardware=hardware, settings=settings, engine=c.engine)
+    return estimate_for(spec, hardware, settings, c)
 
 
 def _ways_out(spec: ModelSpec, hardware: Hardware, c: Constraints) -> Iterator[str]:

@@ -20,7 +20,6 @@ from oominfer.engines.vllm.rules.dtypes import compute_dtype
 from oominfer.errors import InvalidSettingError
 from oominfer.hardware.hardware import Hardware
 from oominfer.memory.breakdown import MemoryBreakdown
-from oominfer.memory.estimate import estimate
 from oominfer.model.spec import ModelSpec
 from oominfer.planning.constraints import Constraints, Prefer
 from oominfer.planning.document import Alternative, Concurrency, Lever
@@ -32,6 +31,7 @@ from oominfer.planning.search import (
     Candidate,
     candidates,
     default_settings,
+    estimate_for,
     settle,
     with_offload,
 )
@@ -85,7 +85,7 @@ def plan(spec: ModelSpec, hardware: Hardware, constraints: Constraints) -> PlanR
     if chosen is None:
         raise does_not_fit(spec, hardware, c)
     chosen = _with_dtype(spec, hardware, c, chosen)
-    levers = explain(spec, hardware, chosen, engine=c.engine)
+    levers = explain(spec, hardware, chosen, engine=c.engine, version=c.vllm_version)
     if switched is not None:
         levers = (*levers[:2], switched, *levers[2:])
     return PlanResult(
@@ -172,16 +172,14 @@ def _with_dtype(spec: ModelSpec, hardware: Hardware, c: Constraints, cand: Candi
     """The candidate with the dtype the engine will run written out (bf16 needs 8.0)."""
     chosen: Dtype = c.dtype if c.dtype != "auto" else cand.breakdown.dtype  # type: ignore[assignment]
     settings = dataclasses.replace(cand.settings, dtype=chosen)
-    b = estimate(spec, hardware=hardware, settings=settings, engine=c.engine)
+    b = estimate_for(spec, hardware, settings, c)
     return dataclasses.replace(cand, settings=settings, breakdown=b)
 
 
 def _baseline(spec: ModelSpec, hardware: Hardware, c: Constraints) -> MemoryBreakdown | None:
     """What vLLM's defaults would do on this hardware (one GPU per replica)."""
     try:
-        return estimate(
-            spec, hardware=hardware, settings=default_settings(spec, hardware, c), engine=c.engine
-        )
+        return estimate_for(spec, hardware, default_settings(spec, hardware, c), c)
     except InvalidSettingError:
         return None
 

@@ -16,7 +16,6 @@ from typing import Final
 from oominfer.engines.vllm.rules import kv_cache as kv_cache_rules
 from oominfer.engines.vllm.rules import quantization as quantization_rules
 from oominfer.engines.vllm.rules.dtypes import compute_dtype
-from oominfer.engines.vllm.rules.versions import CURRENT_VLLM
 from oominfer.errors import InvalidSettingError
 from oominfer.hardware.hardware import Hardware
 from oominfer.memory.breakdown import MemoryBreakdown
@@ -96,9 +95,18 @@ def kv_cache_dtypes(spec: ModelSpec, hardware: Hardware, c: Constraints) -> list
         gpu=hardware.gpu,
         model_dtype=compute_dtype(spec, hardware.gpu, c.dtype),
         device=hardware.device,
-        version=CURRENT_VLLM,
+        version=c.vllm_version,
     )
     return ["auto"] if refused else ["auto", "fp8"]
+
+
+def estimate_for(
+    spec: ModelSpec, hardware: Hardware, settings: VllmSettings, c: Constraints
+) -> MemoryBreakdown:
+    """The estimate with the constraints' engine and vLLM release."""
+    return estimate(
+        spec, hardware=hardware, settings=settings, engine=c.engine, version=c.vllm_version
+    )
 
 
 def _utilization(c: Constraints) -> float:
@@ -115,7 +123,14 @@ def default_settings(spec: ModelSpec, hardware: Hardware, c: Constraints) -> Vll
         max_model_len=min(trained, c.max_model_len or spec.default_max_model_len or trained),
         max_num_seqs=seqs,
         kv_cache_memory_bytes=c.kv_cache_memory_bytes,
+        allow_deprecated_quantization=_deprecated(spec),
     )
+
+
+def _deprecated(spec: ModelSpec) -> bool:
+    """The checkpoint's method is one vLLM deprecated: it loads only with the flag."""
+    method = spec.quantization.method if spec.quantization else None
+    return "--allow-deprecated-quantization" in quantization_rules.flags_for(method)
 
 
 def candidates(spec: ModelSpec, hardware: Hardware, c: Constraints) -> Iterator[Candidate]:
@@ -150,6 +165,7 @@ def candidates(spec: ModelSpec, hardware: Hardware, c: Constraints) -> Iterator[
                         pipeline_parallel_size=layout.pp,
                         kv_cache_memory_bytes=c.kv_cache_memory_bytes,
                         distributed_executor_backend=executor_backend(layout, c),
+                        allow_deprecated_quantization=_deprecated(spec),
                     )
                     found = settle(spec, hardware, c, settings, layout)
                     if found is not None:
@@ -171,7 +187,7 @@ def settle(
     below the hard floor or short of the concurrency asked for."""
     engine = c.engine
     try:
-        b = estimate(spec, hardware=hardware, settings=settings, engine=engine)
+        b = estimate_for(spec, hardware, settings, c)
     except InvalidSettingError:
         return None
     if hardware.is_cpu and engine == "vllm" and settings.kv_cache_memory_bytes is None:
@@ -182,17 +198,12 @@ def settle(
         settings = dataclasses.replace(
             settings, kv_cache_memory_bytes=b.kv_cache_bytes // MiB * MiB
         )
-        b = estimate(spec, hardware=hardware, settings=settings, engine=engine)
+        b = estimate_for(spec, hardware, settings, c)
     floor = c.hard_floor(spec.max_position_embeddings)
     cap = settings.max_model_len or b.max_model_len
 
     def at(length: int) -> MemoryBreakdown | None:
-        trial = estimate(
-            spec,
-            hardware=hardware,
-            settings=dataclasses.replace(settings, max_model_len=length),
-            engine=engine,
-        )
+        trial = estimate_for(spec, hardware, dataclasses.replace(settings, max_model_len=length), c)
         return trial if trial.fits else None
 
     # The activation peak depends on the length (vLLM: fewer tokens per step for short
@@ -206,12 +217,7 @@ def settle(
         found_b = at(length)
         if found_b is not None:
             break
-        retry = estimate(
-            spec,
-            hardware=hardware,
-            settings=dataclasses.replace(settings, max_model_len=length),
-            engine=engine,
-        )
+        retry = estimate_for(spec, hardware, dataclasses.replace(settings, max_model_len=length), c)
         length = min(length - 1, retry.max_model_len_that_fits)
     if found_b is None:
         if at(floor) is None:
@@ -276,7 +282,7 @@ def with_offload(spec: ModelSpec, hardware: Hardware, c: Constraints) -> list[Ca
     )
     for length in dict.fromkeys((cap, c.floor(spec.max_position_embeddings))):
         settings = dataclasses.replace(base, max_model_len=length)
-        b = estimate(spec, hardware=hardware, settings=settings, engine=c.engine)
+        b = estimate_for(spec, hardware, settings, c)
         offload = math.ceil(b.shortfall_bytes / GiB) + 1  # a GiB of headroom
         if offload * GiB > b.weights_bytes // 2:
             continue

@@ -33,6 +33,8 @@ def refusal(
                 f"an FP8 KV cache needs compute capability 8.0 (FlashInfer, Triton); "
                 f"{gpu.name} has {have}"
             )
+        if device == "cuda" and model_dtype == "float32":
+            return "an FP8 KV cache needs a 16-bit model (FlashInfer runs fp16 and bf16 only)"
         return None
     if (
         kv_cache_dtype in ("bfloat16", "float16")
