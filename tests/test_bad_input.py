@@ -169,7 +169,19 @@ ROWS: dict[str, Bad] = {
         E(LLAMA_8B, "--gpu", "L4", "--gpus", "3", "-tp", "3"),
         2,
         "invalid_setting",
-        ("does not divide",),
+        ("must be divisible by tensor parallel size (3)",),
+    ),
+    "estimate-tp-not-dividing-kv-heads": Bad(
+        E("microsoft/phi-4", "--gpu", "L4", "--gpus", "4", "-tp", "4"),
+        2,
+        "invalid_setting",
+        ("10 KV heads", "--tensor-parallel-size 1 or 2"),
+    ),
+    "estimate-binary-suffix-with-a-decimal": Bad(
+        E(LLAMA_8B, "--gpu", "L4", "--kv-cache-memory-bytes", "1.5G"),
+        2,
+        "invalid_setting",
+        ("1.5g",),
     ),
     "estimate-tp-above-gpus": Bad(
         E(LLAMA_8B, "--gpu", "L4", "-tp", "2"), 2, "invalid_setting", ("--gpus 2",)

@@ -322,7 +322,13 @@ def test_custom_gpu_memory() -> None:
 @pytest.mark.parametrize(
     ("gpu", "gpus", "settings", "message"),
     [
-        pytest.param(L4, 3, {"tensor_parallel_size": 3}, "does not divide", id="tp-3-of-32"),
+        pytest.param(
+            L4,
+            3,
+            {"tensor_parallel_size": 3},
+            r"must be divisible by tensor parallel size \(3\)",
+            id="tp-3-of-32",
+        ),
         pytest.param(
             L4,
             2,

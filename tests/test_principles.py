@@ -17,18 +17,14 @@ from types import ModuleType
 
 import pytest
 
+from oominfer.engines.vllm.rules.parallel import tensor_parallel_refusal
 from oominfer.errors import DoesNotFitError, InvalidSettingError
 from oominfer.hardware.hardware import Hardware
 from oominfer.model.catalog import catalog_ids
 from oominfer.model.load import load_spec
 from oominfer.model.spec import ModelSpec
 from oominfer.planning.constraints import Constraints
-from oominfer.planning.layout import (
-    executor_backend,
-    layouts,
-    replicas,
-    tensor_parallel_refusal,
-)
+from oominfer.planning.layout import executor_backend, layouts, replicas
 from oominfer.planning.planner import PlanResult, _check_checkpoint, plan
 from oominfer.planning.search import (
     CHUNK_STEPS,

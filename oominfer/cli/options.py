@@ -8,7 +8,7 @@ type, validation and help cannot drift apart.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar, get_args
+from typing import Any, Final, TypeVar, get_args
 
 import click
 
@@ -46,10 +46,36 @@ DTYPE = click.option(
     "--dtype", type=click.Choice(get_args(Dtype)), default=DEFAULTS.dtype, show_default=True,
     help="auto: the checkpoint's 16-bit dtype the GPU can run.",
 )  # fmt: skip
+AUTO: Final = -1
+"""``--max-model-len auto`` (vLLM's spelling, also ``-1``): the longest context that fits."""
+
+
+class ContextLength(click.ParamType[int]):
+    """A positive number of tokens, or ``auto`` / ``-1`` as vLLM accepts them
+    (vllm/utils/argparse_utils.py human_readable_int_or_auto)."""
+
+    name = "TOKENS|auto"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        """The tokens, or AUTO."""
+        if isinstance(value, int):
+            return value
+        text = str(value).strip().lower()
+        if text in ("auto", "-1"):
+            return AUTO
+        try:
+            tokens = int(text)
+        except ValueError:
+            self.fail(f"{value!r} is not a number of tokens or 'auto'.", param, ctx)
+        if tokens < 1:
+            self.fail(f"{tokens} is not a positive number of tokens.", param, ctx)
+        return tokens
+
+
 MAX_MODEL_LEN = click.option(
-    "--max-model-len", type=POSITIVE,
-    help="Context (prompt + output) per request. estimate: the setting (default: from "
-    "config.json); fit: a cap on the context.",
+    "--max-model-len", type=ContextLength(),
+    help="Context (prompt + output) per request, or auto. estimate: the setting (default: "
+    "from config.json; auto: the longest that fits); fit: a cap on the context (auto: none).",
 )  # fmt: skip
 GPU_MEMORY_UTILIZATION = click.option(
     "--gpu-memory-utilization", type=click.FloatRange(0, 1, min_open=True),
@@ -172,6 +198,12 @@ def _size(text: str | None) -> int | None:
     return parse_size(text) if text else None
 
 
+def _context(opts: dict[str, Any]) -> int | None:
+    """--max-model-len as a number, None for none or auto."""
+    value = opts.get("max_model_len")
+    return None if value in (None, AUTO) else int(value)
+
+
 def build_hardware(opts: dict[str, Any]) -> Hardware:
     """Hardware from --gpu/--gpus/--gpu-memory or --device cpu/--memory; else the detected
     GPUs, else an L4."""
@@ -200,7 +232,7 @@ def build_settings(opts: dict[str, Any]) -> VllmSettings:
         kv_cache_dtype=opts["kv_cache_dtype"],
         gpu_memory_utilization=opts.get("gpu_memory_utilization")
         or DEFAULTS.gpu_memory_utilization,
-        max_model_len=opts.get("max_model_len"),
+        max_model_len=_context(opts),
         max_num_seqs=opts.get("max_num_seqs"),
         max_num_batched_tokens=opts.get("max_num_batched_tokens"),
         enforce_eager=opts["enforce_eager"],
@@ -220,7 +252,7 @@ def build_constraints(opts: dict[str, Any]) -> Constraints:
         min_context=opts.get("min_context"),
         typical_length=opts["typical_length"],
         concurrency=opts.get("concurrency"),
-        max_model_len=opts.get("max_model_len"),
+        max_model_len=_context(opts),
         no_quantize=opts["no_quantize"],
         allow_offload=opts["allow_offload"],
         gpu_memory_utilization=opts.get("gpu_memory_utilization"),

@@ -44,6 +44,9 @@ class MemoryBreakdown:
     """Blocks one request of max_model_len tokens needs."""
     usable_blocks: int = 0
     """Blocks a request can use (the pool's null block excluded)."""
+    overcommitted_bytes: int = 0
+    """A KV cache fixed by --kv-cache-memory-bytes that does not fit beside the rest of the
+    GPU's memory: vLLM skips its budget then and fails allocating it (CUDA out of memory)."""
     pipeline_stage: int = 0
     """The pipeline stage these figures are of: the one that holds the fewest KV blocks."""
     layout: KvLayout | None = field(default=None, compare=False, repr=False)
@@ -62,13 +65,19 @@ class MemoryBreakdown:
     @property
     def fits(self) -> bool:
         """True when one request at max_model_len fits in the KV cache."""
-        return self.kv_cache_bytes > 0 and self.max_model_len_that_fits >= self.max_model_len
+        return (
+            self.kv_cache_bytes > 0
+            and self.max_model_len_that_fits >= self.max_model_len
+            and self.overcommitted_bytes <= 0
+        )
 
     @property
     def shortfall_bytes(self) -> int:
         """Bytes missing for one request at max_model_len; 0 when it fits."""
         if self.fits:
             return 0
+        if self.overcommitted_bytes > 0:
+            return self.overcommitted_bytes
         need = self.kv_bytes_per_token * self.max_model_len + self.state_bytes_per_seq
         # A negative KV cache means the rest already overflows the budget by that much.
         short = need - self.kv_cache_bytes

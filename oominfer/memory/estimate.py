@@ -26,6 +26,7 @@ from oominfer.engines.vllm.rules.attention import (
     state_blocks_per_request,
     triton_mla_workspace_bytes,
 )
+from oominfer.engines.vllm.rules.parallel import tensor_parallel_refusal
 from oominfer.engines.vllm.rules.versions import CURRENT_VLLM, EngineVersion
 from oominfer.errors import InvalidSettingError
 from oominfer.hardware.hardware import Hardware
@@ -155,8 +156,12 @@ def estimate(
         if device == "cuda" and not s.enforce_eager:
             graphs = GRAPH_BYTES_PER_LAYER_AND_SIZE * len(layers) * graph_sizes
         weights = max(0, stage_bytes // tp - offload)
+        overcommitted = 0
         if s.kv_cache_memory_bytes is not None:
             kv_cache = s.kv_cache_memory_bytes
+            if device == "cuda":  # vLLM does not check it (v1/worker/gpu_worker.py)
+                rest = weights + activation + non_torch + graphs
+                overcommitted = rest + kv_cache - gpu.cuda_total_bytes
         else:
             in_budget = graphs if version.graphs_in_budget else 0
             kv_cache = budget - weights - activation - non_torch - in_budget
@@ -206,6 +211,7 @@ def estimate(
             kv_block_bytes=layout.bytes_per_block if layout else 0,
             blocks_per_request=layout.blocks_per_request(max_len) if layout else 0,
             usable_blocks=max(usable, 0),
+            overcommitted_bytes=max(0, overcommitted),
             pipeline_stage=index,
             layout=layout,
         )
@@ -220,11 +226,12 @@ def _check_parallel(spec: ModelSpec, s: VllmSettings, hardware: Hardware) -> Non
             f"{s.world_size} GPUs, but --gpus is {hardware.count}.",
             hint=f"Pass --gpus {s.world_size} or lower the parallel sizes.",
         )
-    if spec.num_attention_heads % tp:
+    refused = tensor_parallel_refusal(spec, tp)
+    if refused:
+        valid = [n for n in (1, 2, 4, 8, 16) if tensor_parallel_refusal(spec, n) is None]
         raise InvalidSettingError(
-            f"--tensor-parallel-size {tp} does not divide {spec.model_id}'s "
-            f"{spec.num_attention_heads} attention heads.",
-            hint="Use a tensor-parallel size that divides the attention heads (1, 2, 4, 8).",
+            f"vLLM refuses --tensor-parallel-size {tp} for {spec.model_id}: {refused}.",
+            hint=f"Use --tensor-parallel-size {' or '.join(map(str, valid))}.",
         )
     if pp > spec.num_layers:
         raise InvalidSettingError(

@@ -42,6 +42,7 @@ class Prediction:
     max_concurrency: float = 0.0
     fits: bool = False
     shortfall_bytes: int = 0
+    overcommitted_bytes: int = 0
 
     @classmethod
     def of(cls, b: MemoryBreakdown) -> Prediction:
@@ -63,6 +64,7 @@ class Prediction:
             max_concurrency=b.max_concurrency,
             fits=b.fits,
             shortfall_bytes=b.shortfall_bytes,
+            overcommitted_bytes=b.overcommitted_bytes,
         )
 
     @classmethod

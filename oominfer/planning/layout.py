@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
+from oominfer.engines.vllm.rules import parallel as parallel_rules
+from oominfer.engines.vllm.rules.parallel import tensor_parallel_refusal
 from oominfer.hardware.hardware import Hardware
 from oominfer.model.spec import ModelSpec
 from oominfer.planning.constraints import Constraints
@@ -26,23 +28,6 @@ class Layout:
     def world_size(self) -> int:
         """GPUs one replica uses."""
         return self.tp * self.pp
-
-
-def tensor_parallel_refusal(spec: ModelSpec, tp: int) -> str | None:
-    """Why vLLM refuses tensor parallel ``tp`` for this model, or None when it accepts it.
-
-    vllm/config/model.py ``verify_with_parallel_config``: the attention heads must divide
-    by tp; the KV heads are split when they divide by tp and replicated when tp divides
-    by them (vllm/model_executor/layers/linear.py QKVParallelLinear), any other ratio fails.
-    """
-    heads, kv_heads = spec.num_attention_heads, spec.num_kv_heads
-    if heads % tp:
-        return f"tensor parallel {tp} does not divide the {heads} attention heads"
-    if not spec.is_mla and kv_heads % tp and tp % kv_heads:
-        return (
-            f"tensor parallel {tp} neither divides the {kv_heads} KV heads nor is divided by them"
-        )
-    return None
 
 
 def layouts(spec: ModelSpec, hardware: Hardware, c: Constraints) -> list[Layout]:
@@ -69,9 +54,8 @@ def layouts(spec: ModelSpec, hardware: Hardware, c: Constraints) -> list[Layout]
 
 
 def executor_backend(layout: Layout, c: Constraints) -> ExecutorBackend | None:
-    """``ray`` when the replica spans nodes: vLLM's multiprocessing backend only sees the
-    GPUs of its own node and refuses a larger world size (vllm/config/parallel.py)."""
-    return "ray" if layout.world_size > c.gpus_per_node else None
+    """vLLM's executor for this layout (engines/vllm/rules/parallel.py)."""
+    return parallel_rules.executor_backend(layout.world_size, c.gpus_per_node)
 
 
 def replicas(layout: Layout, hardware: Hardware) -> int:
