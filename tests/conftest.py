@@ -16,14 +16,17 @@ _TESTS = str(Path(__file__).resolve().parent)
 if _TESTS not in sys.path:
     sys.path.insert(0, _TESTS)
 
+from fake_engine import fake_python  # noqa: E402
 from models import build_model  # noqa: E402
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _isolated_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Keep Hugging Face and vLLM away from the network and the home folder."""
+    """Keep Hugging Face, vLLM and oominfer's caches away from the network and the home
+    folder (the AMX probe's answer is then probed once per test session)."""
     root = tmp_path_factory.mktemp("env")
     with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("OOMINFER_CACHE_DIR", str(root / "oominfer-cache"))
         mp.setenv("HF_HOME", str(root / "hf"))
         mp.setenv("HF_HUB_OFFLINE", "1")
         mp.setenv("TRANSFORMERS_OFFLINE", "1")
@@ -93,3 +96,9 @@ def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tiny_other(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 3-layer random-weight Qwen2 (MHA 4 heads, head_dim 128) with a tokenizer, built once."""
     return build_model(tmp_path_factory.mktemp("models") / "tiny-qwen2", **TINY_OTHER)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="session")
+def fake_engine_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A ``python`` that runs tests/fake_engine.py: give it as the engine's interpreter."""
+    return fake_python(tmp_path_factory.mktemp("fake-engine"))
