@@ -181,7 +181,7 @@ class _Session:
         server = listener(self.front)
         serving = asyncio.ensure_future(server.serve(sockets=[sock]))
         try:
-            outcome = await self._watch()
+            outcome = await self._watch(serving)
         finally:
             server.should_exit = True
             stopped = asyncio.to_thread(stop, self.proc, grace=ENGINE_STOP_S)
@@ -189,8 +189,11 @@ class _Session:
             await self.front.client.aclose()
         return outcome
 
-    async def _watch(self) -> ServeExit:
+    async def _watch(self, serving: asyncio.Future[None]) -> ServeExit:
         while not self.stopping.is_set():
+            if serving.done():  # the front could not serve: nothing to drain
+                serving.result()
+                raise RuntimeError("the HTTP front stopped on its own")
             if self.proc.poll() is not None:
                 self.engine_failed = True
                 self.front.draining = True
@@ -261,28 +264,24 @@ def run(
     say = on_note or note
     private = free_port()
     argv = server_argv(plan, host="127.0.0.1", port=private, extra=extra, python=python)
-    sock = bind(host, port)
-    built = engine_env(plan.settings, device=plan.device, engine=plan.engine, api_key=api_key)
-    if built.note:
-        say(built.note)
     kept: collections.deque[str] = collections.deque(maxlen=_KEEP_LINES)
-    try:
-        proc = start_engine(argv, env=built.env, stdout=subprocess.PIPE, text=True)
-    except BaseException:
-        sock.close()
-        raise
-    assert proc.stdout is not None
-    reader = threading.Thread(target=_pass_through, args=(proc.stdout, sink, kept), daemon=True)
-    reader.start()
     shown = f"[{host}]" if ":" in host else host
-    session = _Session(front=Front(private), proc=proc, grace=grace_period, note=say,
-                       address=f"http://{shown}:{port}")  # fmt: skip
-    try:
-        outcome = asyncio.run(session.serve(sock))
-    finally:
-        status = stop(proc, grace=ENGINE_STOP_S)
-        reader.join(timeout=5)
-        sock.close()
+    with contextlib.closing(bind(host, port)) as sock:
+        built = engine_env(plan.settings, device=plan.device, engine=plan.engine, api_key=api_key)
+        if built.note:
+            say(built.note)
+        proc = start_engine(argv, env=built.env, stdout=subprocess.PIPE, text=True)
+        assert proc.stdout is not None
+        reader = threading.Thread(target=_pass_through, args=(proc.stdout, sink, kept),
+                                  daemon=True)  # fmt: skip
+        reader.start()
+        session = _Session(front=Front(private), proc=proc, grace=grace_period, note=say,
+                           address=f"http://{shown}:{port}")  # fmt: skip
+        try:
+            outcome = asyncio.run(session.serve(sock))
+        finally:
+            status = stop(proc, grace=ENGINE_STOP_S)
+            reader.join(timeout=5)
     if not session.engine_failed:
         return int(outcome)
     return int(_engine_failure(plan, status, "".join(kept), on_failure))
