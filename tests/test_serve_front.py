@@ -153,6 +153,14 @@ class Stream:
         return self.events
 
 
+def signal_mid_stream(srv: Serve, tokens: int, sig: int) -> tuple[Stream, float]:
+    """Once a stream of ``tokens`` has begun, ``sig`` to serve: the stream and when."""
+    srv.wait_ready()
+    stream = Stream(srv.url, tokens)
+    stream.wait_for(2)
+    return stream, srv.signal(sig)
+
+
 def test_the_front_answers_while_the_engine_starts_then_proxies(serve: type[Serve]) -> None:
     srv = serve("ready,slow_start", FAKE_START_S="1.5")
     deadline = time.monotonic() + 20
@@ -213,10 +221,7 @@ def test_sigterm_with_streams_in_flight_is_bounded(serve: type[Serve]) -> None:
 
 def test_streams_that_finish_within_the_grace_period_lose_nothing(serve: type[Serve]) -> None:
     srv = serve("ready", grace=10, FAKE_TOKEN_S="0.1")
-    srv.wait_ready()
-    stream = Stream(srv.url, 15)
-    stream.wait_for(2)
-    start = srv.signal(signal.SIGTERM)
+    stream, start = signal_mid_stream(srv, 15, signal.SIGTERM)
     assert srv.wait() == ServeExit.DRAINED
     assert time.monotonic() - start < 10
     events = stream.finish()
@@ -227,10 +232,7 @@ def test_streams_that_finish_within_the_grace_period_lose_nothing(serve: type[Se
 
 def test_a_second_signal_cuts_the_drain_short(serve: type[Serve]) -> None:
     srv = serve("ready", grace=120, FAKE_TOKEN_S="0.1")
-    srv.wait_ready()
-    stream = Stream(srv.url, 500)
-    stream.wait_for(2)
-    start = srv.signal(signal.SIGHUP)  # a closed terminal: handled as SIGTERM
+    stream, start = signal_mid_stream(srv, 500, signal.SIGHUP)  # a closed terminal: as SIGTERM
     time.sleep(0.5)
     srv.signal(signal.SIGINT)
     assert srv.wait() == ServeExit.CUT_SHORT

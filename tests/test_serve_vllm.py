@@ -232,8 +232,9 @@ def test_sigterm_with_streams_past_the_grace_period_is_bounded(
 ) -> None:
     """Streams longer than the grace period: health says draining meanwhile, those still open
     when it ends get an error event and [DONE] (those that finished in it are whole), serve
-    exits 6 within the grace period plus 10 s, nothing is left. The engine runs with the AMX workaround forced (OOMINFER_AMX=off): vLLM must serve
-    with it, as it does on hosts whose CPU traps AMX."""
+    exits 6 within the grace period plus 10 s, nothing is left. The engine runs with the AMX
+    workaround forced (OOMINFER_AMX=off): vLLM must serve with it, as on hosts whose CPU traps
+    AMX."""
     grace = 3
     srv = Server(plan_file, tmp_path / "serve.log", grace=grace, OOMINFER_AMX="off")
     try:
