@@ -28,6 +28,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -46,6 +47,12 @@ def fake_python(folder: Path) -> Path:
     path.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{Path(__file__).resolve()}" "$@"\n')
     path.chmod(0o755)
     return path
+
+
+def trap() -> None:
+    """Die of SIGILL here and now, as a trapped instruction does: the signal goes to this
+    thread (a signal to the process would let this thread write its reply first)."""
+    signal.pthread_kill(threading.get_ident(), signal.SIGILL)
 
 
 def say(*lines: str) -> None:
@@ -130,7 +137,7 @@ class Handler(BaseHTTPRequestHandler):
             return
         Handler.requests += 1
         if "sigill_on_request" in CUES:
-            os.kill(os.getpid(), signal.SIGILL)
+            trap()
         body = json.loads(raw or b"{}")
         tokens = int(body.get("max_tokens") or 16)
         prompt = body.get("prompt", "")
@@ -195,7 +202,7 @@ def main(argv: list[str]) -> None:
     if "children" in CUES:
         spawn_child(1)
     if "sigill" in CUES:
-        os.kill(os.getpid(), signal.SIGILL)
+        trap()
     if "crash" in CUES:
         say("Traceback (most recent call last):", "RuntimeError: the fake engine crashed on cue")
         sys.exit(1)

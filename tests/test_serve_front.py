@@ -294,7 +294,8 @@ def test_an_engine_dying_of_sigill_while_serving_is_explained(serve: type[Serve]
     srv = serve("ready,sigill_on_request")
     srv.wait_ready()
     r = httpx.post(srv.url + "/v1/completions", json={"prompt": "Hi"}, timeout=30)
-    assert r.status_code == 502 and "The engine did not answer" in r.json()["error"]["message"]
+    assert r.status_code == 502, (r.headers, r.text, srv.log()[-1500:])
+    assert "The engine did not answer" in r.json()["error"]["message"]
     assert srv.wait() == ServeExit.ENGINE_FAILED
     assert "FAILURE: An engine process died with SIGILL" in srv.log()
     srv.assert_clean()
