@@ -19,6 +19,8 @@ if _TESTS not in sys.path:
 from fake_engine import fake_python  # noqa: E402
 from models import build_model  # noqa: E402
 
+from oominfer.engines.amx import apply_in_process  # noqa: E402
+
 
 @pytest.fixture(scope="session", autouse=True)
 def _isolated_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
@@ -36,6 +38,9 @@ def _isolated_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
         mp.setenv("VLLM_DO_NOT_TRACK", "1")
         mp.setenv("DO_NOT_TRACK", "1")
         mp.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+        # Torch in this process (building test models) on a host whose CPU traps AMX: the
+        # product's own workaround, probed once (engines get it from engine_env).
+        apply_in_process()
         yield
 
 
