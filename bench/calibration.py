@@ -151,14 +151,36 @@ def _pct(x: float | None) -> str:
     return "" if x is None else f"{x * 100:+.1f}%"
 
 
+def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The figures of a replay: median |error| of the weights (every point) and of the
+    KV-cache bytes (V1 points, and all), the per-token exactness and the verdicts."""
+    weights = [abs(r["weights_err"]) for r in rows if "weights_err" in r]
+    kv_v1 = [abs(r["kv_bytes_err"]) for r in rows if "kv_bytes_err" in r and r.get("v1")]
+    kv_all = [abs(r["kv_bytes_err"]) for r in rows if "kv_bytes_err" in r]
+    return {
+        "weights_median": statistics.median(weights),
+        "weights_points": len(weights),
+        "kv_per_token_exact": [r["kv_per_token_exact"] for r in rows if "kv_per_token_exact" in r],
+        "kv_v1_median": statistics.median(kv_v1),
+        "kv_v1_points": len(kv_v1),
+        "kv_all_median": statistics.median(kv_all),
+        "kv_all_points": len(kv_all),
+        "verdicts": [r["verdict_ok"] for r in rows if "verdict_ok" in r],
+    }
+
+
+def load_points(path: Path) -> list[dict[str, Any]]:
+    """The points of a calibration log file, one JSON object a line."""
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
 def main() -> int:
     """Replay the points and print the table and the summary."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--logs", type=Path, default=DEFAULT_LOGS)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    points = [json.loads(line) for line in args.logs.read_text().splitlines() if line.strip()]
-    rows = [replay(p) for p in points]
+    rows = [replay(p) for p in load_points(args.logs)]
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
@@ -174,30 +196,22 @@ def main() -> int:
             f"{r['id']:<5} {r['version']:<5} {r['model'][:46]:<46} {_pct(r.get('weights_err')):>8} "
             f"{_pct(r.get('kv_per_token_err')):>8} {_pct(r.get('kv_bytes_err')):>9} {verdict}"
         )
-    weights = [abs(r["weights_err"]) for r in rows if "weights_err" in r]
-    exact = [r["kv_per_token_exact"] for r in rows if "kv_per_token_exact" in r]
-    kv_v1 = [abs(r["kv_bytes_err"]) for r in rows if "kv_bytes_err" in r and r.get("v1")]
-    kv_all = [abs(r["kv_bytes_err"]) for r in rows if "kv_bytes_err" in r]
-    verdicts = [r["verdict_ok"] for r in rows if "verdict_ok" in r]
+    s = summary(rows)
+    exact, verdicts = s["kv_per_token_exact"], s["verdicts"]
     print()
     print(
-        f"weights:        median |error| {statistics.median(weights) * 100:.2f}% over "
-        f"{len(weights)} points (bar <= 2%)"
+        f"weights:        median |error| {s['weights_median'] * 100:.2f}% over "
+        f"{s['weights_points']} points (bar <= 2%)"
     )
     print(
         f"KV per token:   exact within vLLM's printed rounding on {sum(exact)}/{len(exact)} points"
     )
     print(
-        f"KV-cache bytes: median |error| {statistics.median(kv_v1) * 100:.1f}% over {len(kv_v1)} "
-        f"V1 points (bar <= 10%); {statistics.median(kv_all) * 100:.1f}% over all {len(kv_all)}"
+        f"KV-cache bytes: median |error| {s['kv_v1_median'] * 100:.1f}% over {s['kv_v1_points']} "
+        f"V1 points (bar <= 10%); {s['kv_all_median'] * 100:.1f}% over all {s['kv_all_points']}"
     )
     print(f"verdict:        right on {sum(verdicts)}/{len(verdicts)} points that have the inputs")
-    ok = (
-        statistics.median(weights) <= 0.02
-        and all(exact)
-        and statistics.median(kv_v1) <= 0.10
-        and all(verdicts)
-    )
+    ok = s["weights_median"] <= 0.02 and all(exact) and s["kv_v1_median"] <= 0.10 and all(verdicts)
     print("ALL BARS MET" if ok else "SOME BARS MISSED")
     return 0 if ok else 1
 

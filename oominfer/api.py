@@ -28,6 +28,7 @@ from oominfer.hardware.hardware import Hardware
 from oominfer.memory.breakdown import MemoryBreakdown
 from oominfer.memory.estimate import estimate as _estimate
 from oominfer.memory.version import CURRENT_VLLM, EngineVersion
+from oominfer.memory.weights import resolve_dtype
 from oominfer.model.load import load_spec
 from oominfer.model.spec import ModelSpec
 from oominfer.planning.constraints import Constraints
@@ -93,13 +94,29 @@ def estimate(
         InvalidSettingError: settings that cannot work with this model or hardware.
     """
     version = EngineVersion.parse(engine_version) if engine_version else CURRENT_VLLM
+    spec = _model(model)
+    settings = settings or VllmSettings()
+    spec.check_context(settings.max_model_len)
     return _estimate(
-        _model(model),
+        spec,
         hardware=hardware,
-        settings=settings or VllmSettings(),
+        settings=settings,
         engine=engine,
         version=version,
     )
+
+
+def _check_request(spec: ModelSpec, hardware: Hardware, c: Constraints) -> None:
+    """Refuse, as bad settings, what no lever can make fit: a context above the trained
+    length, a dtype the GPU cannot run.
+
+    Raises:
+        InvalidSettingError: the flag to change, with the limit.
+    """
+    spec.check_context(c.max_model_len, "--max-model-len")
+    spec.check_context(c.min_context, "--min-context")
+    if c.dtype != "auto" and not hardware.is_cpu:
+        resolve_dtype(spec, hardware.gpu, c.dtype)
 
 
 def _within_free(
@@ -135,6 +152,7 @@ def plan(model: ModelLike, hardware: Hardware, constraints: Constraints | None =
     """
     spec = _model(model)
     c = _within_free(hardware, constraints or Constraints(), None)
+    _check_request(spec, hardware, c)
     return make_plan(spec, hardware, c, _plan(spec, hardware, c), engine_version=None)
 
 
@@ -198,17 +216,25 @@ def fit(
         InvalidSettingError: ``verify`` without the engine installed, or bad constraints.
     """
     from oominfer.engines.installed import engine_installed, engine_version
+    from oominfer.hardware.nvml import detect_gpus
     from oominfer.verify.fit import fit as fit_model
     from oominfer.verify.prober import EngineProber
 
     spec = _model(model)
     listener = listener or FitListener()
     c = _within_free(hardware, constraints or Constraints(), listener.on_note)
+    _check_request(spec, hardware, c)
     installed = engine_installed(c.engine)
     if verify and not installed:
         raise InvalidSettingError(
             f"verifying needs the {c.engine} engine, which is not installed here.",
             hint="pip install 'oominfer[cpu]' (CPU) or 'oominfer[vllm]' (GPU), or --no-verify.",
+        )
+    if verify and not hardware.is_cpu and not detect_gpus():
+        raise InvalidSettingError(
+            f"verifying a plan for {hardware.describe()} needs that GPU here, and this machine "
+            "has none (NVML sees no NVIDIA GPU).",
+            hint="Pass --no-verify to plan only, or --device cpu --memory SIZE to fit this CPU.",
         )
     prober = None
     if verify:
@@ -217,6 +243,7 @@ def fit(
             on_progress=listener.on_progress,
             on_launch=listener.on_launch,
             on_note=listener.on_note,
+            revision=spec.revision,
         )
     with _engines_die_with_us():
         result = fit_model(

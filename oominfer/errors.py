@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import Any, ClassVar
 
 
 class ExitStatus(enum.IntEnum):
@@ -29,6 +29,8 @@ class OominferError(Exception):
     """An expected failure the user can act on; shown without a traceback."""
 
     exit_status: ClassVar[ExitStatus] = ExitStatus.ERROR
+    kind: ClassVar[str] = "error"
+    """The ``error`` field of the JSON shape printed under ``--json`` (stable, snake_case)."""
 
     def __init__(self, message: str, *, hint: str | None = None, reported: bool = False) -> None:
         """Create the error.
@@ -44,39 +46,62 @@ class OominferError(Exception):
         self.hint = hint
         self.reported = reported
 
+    def data(self) -> dict[str, Any]:
+        """Machine-readable facts beyond the message (``--json``); empty unless a subclass
+        carries some."""
+        return {}
+
 
 class InvalidSettingError(OominferError):
     """A flag or setting that cannot work (utilization 0, a negative length, ...)."""
 
     exit_status = ExitStatus.USAGE
+    kind = "invalid_setting"
 
 
 class UnknownGpuError(OominferError):
     """A GPU name that is not in the catalog."""
 
     exit_status = ExitStatus.USAGE
+    kind = "unknown_gpu"
 
 
 class ModelError(OominferError):
     """A model that cannot be read."""
 
     exit_status = ExitStatus.MODEL_ERROR
+    kind = "model_error"
 
 
 class ModelNotFoundError(ModelError):
     """No such model: not a folder, not in the catalog, not on the Hub."""
 
+    kind = "model_not_found"
+
 
 class GatedModelError(ModelError):
     """A gated Hub repository the token has no access to."""
+
+    kind = "gated_model"
 
 
 class UnsupportedConfigError(ModelError):
     """A config.json that is malformed or lacks the fields the estimator needs."""
 
+    kind = "unsupported_config"
+
 
 class CorruptWeightsError(ModelError):
     """A safetensors file whose header cannot be read."""
+
+    kind = "corrupt_weights"
+
+
+class IncompleteCheckpointError(ModelError):
+    """A checkpoint that lacks weights config.json implies: shards named by the index but
+    absent (a partial download), or tensors that do not cover the model's layers."""
+
+    kind = "incomplete_checkpoint"
 
 
 class DoesNotFitError(OominferError):
@@ -84,6 +109,7 @@ class DoesNotFitError(OominferError):
     (each a flag or a change that would fit, e.g. ``--gpus 2``)."""
 
     exit_status = ExitStatus.DOES_NOT_FIT
+    kind = "does_not_fit"
 
     def __init__(
         self,
@@ -101,11 +127,16 @@ class DoesNotFitError(OominferError):
         self.shortfall_bytes = shortfall_bytes
         self.ways_out = tuple(ways_out)
 
+    def data(self) -> dict[str, Any]:
+        """The bytes missing and the ways out, as data."""
+        return {"shortfall_bytes": self.shortfall_bytes, "ways_out": list(self.ways_out)}
+
 
 class ProbeFailedError(OominferError):
     """The engine failed for a reason other than memory."""
 
     exit_status = ExitStatus.PROBE_FAILED
+    kind = "probe_failed"
 
 
 class PlanError(OominferError):
@@ -113,9 +144,11 @@ class PlanError(OominferError):
     an impossible setting, or unverified where a verified one is required."""
 
     exit_status = ExitStatus.USAGE
+    kind = "plan_error"
 
 
 class OutputError(OominferError):
     """A file or folder oominfer was asked to write cannot be written."""
 
     exit_status = ExitStatus.USAGE
+    kind = "output_error"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-import struct
+import re
 from pathlib import Path
 from typing import Any
 
@@ -35,21 +35,6 @@ PER_GPU_KEYS = {
 
 def invoke(*args: str) -> Result:
     return CliRunner().invoke(main, list(args), prog_name="oominfer")
-
-
-def assert_clean_error(result: Result, code: int, *fragments: str) -> None:
-    """An expected failure: the documented code, one or two lines on stderr, no traceback."""
-    assert result.exit_code == code, result.output
-    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
-    assert "Traceback" not in result.output
-    assert result.stdout == ""
-    lines = result.stderr.strip().splitlines()
-    assert 1 <= len(lines) <= 2, result.stderr
-    assert lines[0].startswith("Error: "), result.stderr
-    if len(lines) == 2:
-        assert lines[1].startswith("Hint: "), result.stderr
-    for fragment in fragments:
-        assert fragment in result.stderr, result.stderr
 
 
 # --------------------------------------------------------------------------------- estimate
@@ -156,10 +141,40 @@ def test_does_not_fit_json_exits_3() -> None:
         "estimate", "meta-llama/Llama-3.1-405B", "--gpu", "L4", "--max-model-len", "8192", "--json"
     )
     assert result.exit_code == 3, result.output
-    data = json.loads(result.stdout)  # stdout stays machine-readable
+    assert result.stderr == ""
+    data = json.loads(result.stdout)  # one document: the error's keys, then the estimate
+    assert list(data)[:6] == [
+        "error", "exit_code", "message", "hint", "shortfall_bytes", "ways_out"
+    ]  # fmt: skip
+    assert (data["error"], data["exit_code"]) == ("does_not_fit", 3)
+    assert data["message"].startswith("DOES NOT FIT")
+    assert data["shortfall_bytes"] == data["per_gpu"]["shortfall_bytes"] > 0
     assert data["per_gpu"]["fits"] is False
-    assert data["per_gpu"]["kv_cache_bytes"] < 0
-    assert "DOES NOT FIT" in result.stderr
+    assert data["per_gpu"]["kv_cache_bytes"] < 0  # data keeps its sign; the table does not
+
+
+def test_ways_out_are_flag_changes_that_fit() -> None:
+    # Llama-3.1-8B at its 131,072 tokens on an L4: 26,624 fit; two L4s with -tp 2 fit all.
+    result = invoke("estimate", LLAMA_8B, "--gpu", "L4", "--json")
+    assert result.exit_code == 3, result.output
+    ways = json.loads(result.stdout)["ways_out"]
+    assert ways == ["--max-model-len 26624", "-tp 2 --gpus 2"]
+    for way in ways:
+        fixed = invoke("estimate", LLAMA_8B, "--gpu", "L4", *way.split())
+        assert fixed.exit_code == 0, (way, fixed.output)
+    human = invoke("estimate", LLAMA_8B, "--gpu", "L4")
+    assert human.stdout.strip().splitlines()[-1] == "Ways out: " + "; ".join(ways) + "."
+
+
+def test_more_gpus_without_a_parallel_flag_suggest_one() -> None:
+    result = invoke("estimate", LLAMA_8B, "--gpu", "L4", "--gpus", "2", "--max-model-len", "8192")
+    assert result.exit_code == 0, result.output
+    assert "pass -tp 2 (--tensor-parallel-size) to split it over all 2" in result.stderr
+    split = invoke(
+        "estimate", LLAMA_8B, "--gpu", "L4", "--gpus", "2", "-tp", "2", "--max-model-len", "8192"
+    )
+    assert split.exit_code == 0, split.output
+    assert split.stderr == ""
 
 
 def test_too_long_context_suggests_a_length() -> None:
@@ -168,7 +183,9 @@ def test_too_long_context_suggests_a_length() -> None:
     assert "--max-model-len" in result.stdout.strip().splitlines()[-1]
 
 
-# ------------------------------------------------------------------------------- bad input
+# ---------------------------------------------------------------------- bad input
+
+# Every bad input, across the commands, is a row of tests/test_bad_input.py.
 
 TINY_CONFIG: dict[str, Any] = {
     "architectures": ["LlamaForCausalLM"],
@@ -182,101 +199,6 @@ TINY_CONFIG: dict[str, Any] = {
     "max_position_embeddings": 4096,
     "torch_dtype": "bfloat16",
 }
-
-
-@pytest.mark.parametrize(
-    ("args", "code", "fragments"),
-    [
-        pytest.param(
-            ("--gpu", "H1000"), 2, ("unknown GPU 'H1000'", "Did you mean", "H100"), id="unknown-gpu"
-        ),
-        pytest.param(
-            ("--gpu", "L4", "--gpu-memory-utilization", "0"),
-            2,
-            ("--gpu-memory-utilization",),
-            id="utilization-0",
-        ),
-        pytest.param(
-            ("--gpu", "L4", "--gpu-memory-utilization", "1.5"),
-            2,
-            ("--gpu-memory-utilization", "1.5"),
-            id="utilization-1.5",
-        ),
-        pytest.param(
-            ("--gpu", "L4", "--max-model-len", "0"), 2, ("--max-model-len",), id="max-len-0"
-        ),
-        pytest.param(
-            ("--gpu", "L4", "--max-model-len", "-5"),
-            2,
-            ("--max-model-len", "-5"),
-            id="max-len-negative",
-        ),
-        pytest.param(
-            ("--gpu", "L4", "--gpus", "3", "-tp", "3"),
-            2,
-            ("does not divide",),
-            id="tp-not-dividing-heads",
-        ),
-        pytest.param(("--gpu", "L4", "-tp", "2"), 2, ("--gpus",), id="tp-more-than-gpus"),
-        pytest.param(
-            ("--gpu", "T4", "--dtype", "bfloat16"),
-            2,
-            ("bfloat16", "--dtype float16"),
-            id="bf16-on-t4",
-        ),
-        pytest.param(
-            ("--gpu", "A100", "--kv-cache-dtype", "fp8"), 2, ("8.9",), id="fp8-kv-on-a100"
-        ),
-        pytest.param(("--gpu-memory", "lots"), 2, ("cannot read the size",), id="bad-size"),
-        pytest.param(("--gpu-memory", "1KiB"), 2, ("too small",), id="tiny-gpu"),
-        pytest.param(
-            ("--gpu", "L4", "--gpu-memory", "24GiB"), 2, ("not both",), id="gpu-and-gpu-memory"
-        ),
-        pytest.param(
-            ("--gpu", "L4", "--kv-cache-memory-bytes", "0"), 2, ("positive",), id="kv-bytes-0"
-        ),
-    ],
-)
-def test_bad_settings(args: tuple[str, ...], code: int, fragments: tuple[str, ...]) -> None:
-    assert_clean_error(invoke("estimate", LLAMA_8B, *args), code, *fragments)
-
-
-def test_unknown_model_offline_exits_5() -> None:
-    result = invoke("estimate", "nobody-at-all/no-such-model-3b", "--gpu", "L4")
-    assert_clean_error(result, 5, "nobody-at-all/no-such-model-3b")
-
-
-def test_folder_without_config_exits_5(tmp_path: Path) -> None:
-    assert_clean_error(invoke("estimate", str(tmp_path), "--gpu", "L4"), 5, "no config.json")
-
-
-def test_malformed_config_exits_5(tmp_path: Path) -> None:
-    (tmp_path / "config.json").write_text('{"num_hidden_layers": 2, "hidden_')
-    assert_clean_error(invoke("estimate", str(tmp_path), "--gpu", "L4"), 5, "not valid JSON")
-
-
-def test_config_missing_field_exits_5(tmp_path: Path) -> None:
-    config = {k: v for k, v in TINY_CONFIG.items() if k != "num_attention_heads"}
-    (tmp_path / "config.json").write_text(json.dumps(config))
-    assert_clean_error(invoke("estimate", str(tmp_path), "--gpu", "L4"), 5, "num_attention_heads")
-
-
-@pytest.mark.parametrize(
-    "content",
-    [b"\x01\x02", struct.pack("<Q", 2**40) + b"{}", struct.pack("<Q", 8) + b"not json"],
-    ids=["too-short", "huge-length", "not-json"],
-)
-def test_corrupt_safetensors_exits_5(tmp_path: Path, content: bytes) -> None:
-    (tmp_path / "config.json").write_text(json.dumps(TINY_CONFIG))
-    (tmp_path / "model.safetensors").write_bytes(content)
-    assert_clean_error(invoke("estimate", str(tmp_path), "--gpu", "L4"), 5, "model.safetensors")
-
-
-def test_click_usage_error_exits_2() -> None:
-    result = invoke("estimate", LLAMA_8B, "--gpu", "L4", "--dtype", "float8")
-    assert result.exit_code == 2, result.output
-    assert "Traceback" not in result.output
-    assert "float8" in result.stderr
 
 
 # ------------------------------------------------------------------------- other commands
@@ -340,3 +262,120 @@ def test_estimate_help() -> None:
     ):
         assert flag in result.stdout
     assert "Examples" in result.stdout
+
+
+# ------------------------------------------------------------------------ terminal output
+
+
+def test_every_part_of_the_bar_has_its_own_glyph() -> None:
+    from oominfer.report.breakdown import FREE, OVER, SEGMENTS
+
+    glyphs = [glyph for _, glyph, _ in (*SEGMENTS, OVER, FREE)]
+    assert len(set(glyphs)) == len(glyphs)  # weights and KV cache differ without colour
+
+
+def test_the_bar_fills_its_width_and_names_each_glyph() -> None:
+    from oominfer.planning.document import Prediction
+    from oominfer.report.breakdown import memory_bar
+
+    gib = 1024**3
+    fits = Prediction(
+        total_bytes=24 * gib,
+        budget_bytes=22 * gib,
+        weights_bytes=15 * gib,
+        activation_bytes=gib // 2,
+        non_torch_bytes=gib // 4,
+        cuda_graph_bytes=gib,
+        kv_cache_bytes=22 * gib - 16 * gib - 3 * gib // 4,
+    )
+    bar = memory_bar(fits, width=48)
+    assert sum(len(g) for g, _, _ in bar) == 48
+    assert [legend.split()[1] for _, _, legend in bar] == [
+        "weights", "activations", "non-torch", "CUDA", "KV", "free"
+    ]  # fmt: skip
+    assert all(legend.startswith(g[0]) for g, _, legend in bar)  # the legend shows the glyph
+    assert "!" not in "".join(g for g, _, _ in bar)
+
+
+def test_a_part_beyond_the_budget_is_drawn_as_an_overflow() -> None:
+    from oominfer.planning.document import Prediction
+    from oominfer.report.breakdown import memory_bar
+
+    gib = 1024**3
+    # 30 GiB of weights on a 24 GiB GPU with a 22 GiB budget: 8 GiB beyond it, and
+    # nothing left for the KV cache.
+    over = Prediction(total_bytes=24 * gib, budget_bytes=22 * gib, weights_bytes=30 * gib,
+                      kv_cache_bytes=-8 * gib)  # fmt: skip
+    bar = memory_bar(over, width=30)
+    glyphs = "".join(g for g, _, _ in bar)
+    assert len(glyphs) == 30
+    assert glyphs == "█" * 22 + "!" * 8  # 30 cells for 30 GiB: 22 in the budget, 8 beyond
+    assert [legend for _, _, legend in bar] == [
+        "█ weights 30.00 GiB", "! beyond the budget 8.00 GiB"
+    ]  # fmt: skip
+
+
+def test_no_negative_size_in_the_human_report() -> None:
+    result = invoke(
+        "estimate", "meta-llama/Llama-3.1-405B", "--gpu", "L4", "--max-model-len", "8192"
+    )
+    assert result.exit_code == 3, result.output
+    assert not re.search(r"-\d[\d.,]* (B|KiB|MiB|GiB|TiB)\b", result.stdout), result.stdout
+    assert "KV cache         none: the rest needs 742.77 GiB more than the budget" in result.stdout
+    assert "! beyond the budget" in result.stdout
+
+
+def test_no_colour_when_not_a_terminal() -> None:
+    result = invoke("estimate", LLAMA_8B, "--gpu", "L4", "--max-model-len", "8192")
+    assert "\x1b[" not in result.output
+
+
+@pytest.mark.parametrize(("no_color", "coloured"), [(None, True), ("1", False), ("", True)])
+def test_no_color_turns_colour_off_on_a_terminal(no_color: str | None, coloured: bool) -> None:
+    # color=True stands for a terminal; NO_COLOR (any non-empty value) wins over it.
+    env = {"NO_COLOR": no_color}
+    args = ["estimate", LLAMA_8B, "--gpu", "L4", "--max-model-len", "8192"]
+    result = CliRunner().invoke(main, args, color=True, env=env)
+    assert result.exit_code == 0, result.output
+    assert ("\x1b[" in result.stdout) is coloured
+    failed = CliRunner().invoke(main, ["estimate", LLAMA_8B, "--gpu", "H1000"], color=True, env=env)
+    assert failed.exit_code == 2
+    assert ("\x1b[" in failed.stderr) is coloured
+
+
+# --------------------------------------------------------------- json and the other flags
+
+
+def test_models_json() -> None:
+    result = invoke("models", "--json")
+    assert result.exit_code == 0, result.output
+    assert [m["id"] for m in json.loads(result.stdout)] == catalog_ids()
+
+
+def test_k8s_json_is_a_list_kubectl_applies(tmp_path: Path) -> None:
+    import oominfer
+
+    plan = oominfer.plan("Qwen/Qwen3-0.6B", oominfer.Hardware.from_gpu("L4"))
+    path = tmp_path / "plan.json"
+    path.write_text(plan.to_json())
+    result = invoke("k8s", str(path), "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert (data["apiVersion"], data["kind"]) == ("v1", "List")
+    assert {item["kind"] for item in data["items"]} >= {"Deployment", "Service", "ConfigMap"}
+    written = invoke("k8s", str(path), "--json", "-o", str(tmp_path / "out"))
+    assert written.exit_code == 0, written.output
+    files = json.loads(written.stdout)["files"]
+    assert sorted(files) == sorted(p.name for p in (tmp_path / "out").iterdir())
+
+
+def test_fit_checks_its_output_before_any_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    import oominfer.api
+
+    def never(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("fit ran before -o was checked")
+
+    monkeypatch.setattr(oominfer.api, "fit", never)
+    result = invoke("fit", LLAMA_8B, "--gpu", "L4", "-o", "/nonexistent/dir/plan.json")
+    assert result.exit_code == 2, result.output
+    assert "no folder /nonexistent/dir" in result.stderr

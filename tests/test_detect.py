@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 from click.testing import CliRunner
@@ -13,8 +14,38 @@ from oominfer.hardware.gpu import find_gpu
 from oominfer.units import GiB
 
 
-def test_no_gpu_no_driver_is_quiet() -> None:
-    # This machine has nvidia-ml-py but no driver: NVMLError is caught, nothing is printed.
+def test_no_gpu_no_driver_is_quiet(
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # Simulated, so that a GPU host passes too: nvidia-ml-py is installed but the driver is
+    # not loaded. The NVMLError is caught and nothing is printed.
+    import pynvml
+
+    def no_driver() -> None:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_DRIVER_NOT_LOADED)
+
+    monkeypatch.setattr(pynvml, "nvmlInit", no_driver)
+    assert detect.detect_gpus() == []
+    assert capfd.readouterr() == ("", "")
+
+
+def test_no_nvidia_ml_py_is_quiet(
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # `import pynvml` raises ImportError
+    assert detect.detect_gpus() == []
+    assert capfd.readouterr() == ("", "")
+
+
+def test_a_driver_that_fails_midway_is_quiet(monkeypatch: pytest.MonkeyPatch) -> None:
+    import pynvml
+
+    def fails() -> int:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+
+    monkeypatch.setattr(pynvml, "nvmlInit", lambda: None)
+    monkeypatch.setattr(pynvml, "nvmlShutdown", lambda: None)
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetCount", fails)
     assert detect.detect_gpus() == []
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from oominfer.errors import (
     DoesNotFitError,
     ExitStatus,
     GatedModelError,
+    IncompleteCheckpointError,
     InvalidSettingError,
     ModelError,
     ModelNotFoundError,
@@ -48,11 +50,29 @@ ERROR_STATUS = [
     (GatedModelError, ExitStatus.MODEL_ERROR),
     (UnsupportedConfigError, ExitStatus.MODEL_ERROR),
     (CorruptWeightsError, ExitStatus.MODEL_ERROR),
+    (IncompleteCheckpointError, ExitStatus.MODEL_ERROR),
     (DoesNotFitError, ExitStatus.DOES_NOT_FIT),
     (ProbeFailedError, ExitStatus.PROBE_FAILED),
     (PlanError, ExitStatus.USAGE),
     (OutputError, ExitStatus.USAGE),
 ]
+
+# The "error" field of the --json failure shape: a public interface, like the exit codes.
+ERROR_KIND = {
+    OominferError: "error",
+    InvalidSettingError: "invalid_setting",
+    UnknownGpuError: "unknown_gpu",
+    ModelError: "model_error",
+    ModelNotFoundError: "model_not_found",
+    GatedModelError: "gated_model",
+    UnsupportedConfigError: "unsupported_config",
+    CorruptWeightsError: "corrupt_weights",
+    IncompleteCheckpointError: "incomplete_checkpoint",
+    DoesNotFitError: "does_not_fit",
+    ProbeFailedError: "probe_failed",
+    PlanError: "plan_error",
+    OutputError: "output_error",
+}
 
 
 @pytest.mark.parametrize(("error", "status"), ERROR_STATUS)
@@ -72,7 +92,20 @@ def test_every_error_class_is_pinned() -> None:
     import oominfer.errors
 
     defined = {c for c in subclasses(OominferError) if c.__module__ == oominfer.errors.__name__}
-    assert defined == {e for e, _ in ERROR_STATUS}
+    assert defined == {e for e, _ in ERROR_STATUS} == set(ERROR_KIND)
+
+
+@pytest.mark.parametrize(("error", "kind"), ERROR_KIND.items())
+def test_every_error_has_its_own_json_kind(error: type[OominferError], kind: str) -> None:
+    assert error.kind == kind
+    assert error("x.").data() == {} or error is DoesNotFitError
+    assert len(set(ERROR_KIND.values())) == len(ERROR_KIND)  # no two classes share a kind
+
+
+def test_does_not_fit_data_is_the_shortfall_and_the_ways_out() -> None:
+    err = DoesNotFitError("short.", shortfall_bytes=5, ways_out=("--gpus 2", "-q fp8"))
+    assert err.data() == {"shortfall_bytes": 5, "ways_out": ["--gpus 2", "-q fp8"]}
+    assert err.hint == "Ways out: --gpus 2; -q fp8."
 
 
 def test_does_not_fit_carries_the_shortfall() -> None:
@@ -101,6 +134,16 @@ def test_cli_exits_with_the_error_status(
     assert result.exit_code == int(status), result.output
     assert result.stdout == ""
     assert result.stderr.splitlines() == ["Error: it went wrong.", "Hint: Do this instead."]
+    as_json = CliRunner().invoke(cli.main, ["estimate", "some/model", "--gpu", "L4", "--json"])
+    assert as_json.exit_code == int(status), as_json.output
+    assert as_json.stderr == ""
+    assert json.loads(as_json.stdout) == {
+        "error": error.kind,
+        "exit_code": int(status),
+        "message": "it went wrong.",
+        "hint": "Do this instead.",
+        **({"shortfall_bytes": 0, "ways_out": []} if error is DoesNotFitError else {}),
+    }
 
 
 def test_cli_interrupted(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -111,6 +154,9 @@ def test_cli_interrupted(monkeypatch: pytest.MonkeyPatch) -> None:
     result = CliRunner().invoke(cli.main, ["estimate", "some/model", "--gpu", "L4"])
     assert result.exit_code == 130, result.output
     assert "Interrupted" in result.stderr
+    result = CliRunner().invoke(cli.main, ["estimate", "some/model", "--gpu", "L4", "--json"])
+    assert result.exit_code == 130, result.output
+    assert json.loads(result.stdout)["error"] == "interrupted"
 
 
 def test_cli_debug_reraises(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -127,3 +173,20 @@ def test_cli_unexpected_error_keeps_its_traceback(monkeypatch: pytest.MonkeyPatc
     result = CliRunner().invoke(cli.main, ["estimate", "some/model", "--gpu", "L4"])
     assert result.exit_code == int(ExitStatus.ERROR), result.output
     assert isinstance(result.exception, RuntimeError)
+
+
+def test_cli_unexpected_error_under_json_is_json_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(name: str, *, revision: str | None = None) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(oominfer.api, "load_spec", broken)
+    args = ["estimate", "some/model", "--gpu", "L4", "--json"]
+    result = CliRunner().invoke(cli.main, args)
+    assert result.exit_code == int(ExitStatus.ERROR), result.output
+    data = json.loads(result.stdout)
+    assert (data["error"], data["exit_code"], data["message"]) == (
+        "unexpected",
+        1,
+        "RuntimeError: a bug",
+    )
+    assert "Traceback" in result.stderr and "a bug" in result.stderr  # kept, on stderr

@@ -277,10 +277,13 @@ def test_three_memory_failures_do_not_fit() -> None:
 
 @pytest.mark.parametrize("limit", [1, 2, 3, 5])
 def test_never_more_than_max_launches(limit: int) -> None:
+    # Every launch runs out of memory and each correction leaves room for another: the
+    # loop spends exactly its budget, then says how many launches it made.
     prober = FakeProber(ProbeStatus.OUT_OF_MEMORY)
-    with pytest.raises(DoesNotFitError):
+    with pytest.raises(DoesNotFitError) as info:
         run(prober, max_launches=limit)
-    assert 1 <= len(prober.calls) <= limit
+    assert len(prober.calls) == limit
+    assert info.value.message.startswith(f"{limit} launches did not find")
 
 
 def test_each_launch_differs_from_the_last() -> None:

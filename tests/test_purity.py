@@ -18,7 +18,7 @@ HUB = ("huggingface_hub",)
 PURE = [
     "oominfer.errors",
     "oominfer.units",
-    "oominfer.dtypes",
+    "oominfer.memory.dtypes",
     "oominfer.settings",
     "oominfer.model.load",
     "oominfer.hardware.hardware",

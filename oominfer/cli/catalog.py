@@ -42,9 +42,13 @@ def list_gpus(as_json: bool) -> None:
 
 
 @click.command("models")
-def list_models() -> None:
+@JSON
+def list_models(as_json: bool) -> None:
     """List the models of the built-in catalog (planned offline, exact sizes)."""
     from oominfer.model.catalog import catalog_ids
 
+    if as_json:
+        click.echo(json.dumps([{"id": model_id} for model_id in catalog_ids()], indent=2))
+        return
     for model_id in catalog_ids():
         click.echo(model_id)

@@ -16,7 +16,27 @@ from oominfer.cli.options import (
     settings_options,
 )
 from oominfer.errors import DoesNotFitError
+from oominfer.hardware.hardware import Hardware
+from oominfer.model.spec import ModelSpec
+from oominfer.settings import VllmSettings
 from oominfer.units import format_bytes
+
+
+def parallel_note(spec: ModelSpec, hardware: Hardware, settings: VllmSettings) -> str | None:
+    """A note when --gpus asks for more GPUs than the parallel flags use."""
+    n = hardware.count
+    if hardware.is_cpu or n <= settings.world_size:
+        return None
+    used = settings.world_size
+    flag = (
+        f"-tp {n} (--tensor-parallel-size)"
+        if spec.num_attention_heads % n == 0
+        else f"-pp {n} (--pipeline-parallel-size)"
+    )
+    return (
+        f"Note: --gpus {n}, but the parallel flags split the model over {used} GPU"
+        f"{'s' if used > 1 else ''}; pass {flag} to split it over all {n}."
+    )
 
 
 @click.command()
@@ -29,7 +49,9 @@ def estimate(model: str, revision: str | None, as_json: bool, **opts: Any) -> No
     """Estimate the memory MODEL needs on a GPU, offline, in well under a second.
 
     MODEL is a local folder, a Hugging Face id, or a catalog name (`oominfer models`).
-    Exits 3 when it does not fit.
+    Exits 3 when it does not fit; with --json the one document printed then also holds
+    "error": "does_not_fit", "exit_code", "message", "hint", "shortfall_bytes" and
+    "ways_out" (the flag changes that would fit, each checked by estimating it).
 
     \b
     Examples:
@@ -41,7 +63,8 @@ def estimate(model: str, revision: str | None, as_json: bool, **opts: Any) -> No
     from oominfer.api import load_model
     from oominfer.planning.document import Prediction
     from oominfer.report.breakdown import breakdown_table, memory_bar, verdict
-    from oominfer.report.shapes import breakdown_json
+    from oominfer.report.shapes import breakdown_json, error_json_of
+    from oominfer.report.ways_out import ways_out
 
     settings = build_settings(opts)
     hardware = build_hardware(opts)
@@ -49,25 +72,41 @@ def estimate(model: str, revision: str | None, as_json: bool, **opts: Any) -> No
     b = run_estimate(spec, hardware, settings, engine=opts["engine"])
     predicted = Prediction.of(b)
     fits, line = verdict(predicted)
+    note = parallel_note(spec, hardware, settings)
+    if note:
+        click.echo(note, err=True)
     free = hardware.gpu.free_bytes
     if free is not None and free < b.budget_bytes:
+        util = free / b.total_bytes - 0.01
+        fix = (
+            f"Try --gpu-memory-utilization {util:.2f}."
+            if util >= 0.05
+            else "Free the GPU's memory first (nvidia-smi lists what holds it)."
+        )
         click.secho(
             f"Warning: only {format_bytes(free)} of the GPU is free, less than the "
-            f"{format_bytes(b.budget_bytes)} vLLM will ask for; it would refuse to start. "
-            f"Try --gpu-memory-utilization {free / b.total_bytes - 0.01:.2f}.",
+            f"{format_bytes(b.budget_bytes)} vLLM will ask for; it would refuse to start. {fix}",
             err=True, fg="yellow",
         )  # fmt: skip
+    error = None
+    if not fits:
+        ways = ways_out(spec, hardware, settings, b, engine=opts["engine"])
+        error = DoesNotFitError(line, shortfall_bytes=b.shortfall_bytes, ways_out=ways,
+                                reported=True)  # fmt: skip
     if as_json:
-        click.echo(json.dumps(breakdown_json(spec, hardware, settings, b), indent=2))
+        document = breakdown_json(spec, hardware, settings, b)
+        if error is not None:  # one document: the error's keys first, then the estimate
+            document = {**error_json_of(error), **document}
+        click.echo(json.dumps(document, indent=2))
     else:
         for row in breakdown_table(spec, hardware, b):
             click.echo(row)
         click.echo("")
         bar = memory_bar(predicted)
         click.echo("".join(click.style(g, fg=c) for g, c, _ in bar))
-        click.echo("  ".join(click.style(legend, fg=c) for g, c, legend in bar if g))
+        click.echo("  ".join(click.style(legend, fg=c) for _, c, legend in bar))
         click.secho(line, fg="green" if fits else "red", bold=True)
-    if not fits:
-        if as_json:
-            click.echo(line, err=True)
-        raise DoesNotFitError(line, shortfall_bytes=b.shortfall_bytes, reported=True)
+        if error is not None and error.hint:
+            click.echo(error.hint)
+    if error is not None:
+        raise error

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,27 @@ def fit_from_flags(model: str, opts: dict[str, Any]) -> tuple[Plan, bool]:
     return plan, bool(cached)
 
 
+_WRITABLE_HINT = "Pass -o a path in a folder that exists and that you can write."
+
+
+def check_writable(output: Path) -> None:
+    """Refuse, before any work, a plan path that cannot be written.
+
+    Raises:
+        OutputError: its folder is missing or not writable, or the path is a folder.
+    """
+    folder = output.parent
+    why = None
+    if output.is_dir():
+        why = "it is a folder"
+    elif not folder.is_dir():
+        why = f"{folder} is not a folder" if folder.exists() else f"no folder {folder}"
+    elif not os.access(folder, os.W_OK):
+        why = f"{folder} is not writable"
+    if why:
+        raise OutputError(f"cannot write the plan to {output}: {why}.", hint=_WRITABLE_HINT)
+
+
 def write_plan(plan: Plan, output: Path) -> None:
     """Write the plan file.
 
@@ -63,8 +85,7 @@ def write_plan(plan: Plan, output: Path) -> None:
         output.write_text(plan.to_json(), encoding="utf-8")
     except OSError as err:
         raise OutputError(
-            f"cannot write the plan to {output}: {err.strerror}.",
-            hint="Pass -o a path in a folder that exists and that you can write.",
+            f"cannot write the plan to {output}: {err.strerror}.", hint=_WRITABLE_HINT
         ) from None
 
 
@@ -89,6 +110,8 @@ def fit(model: str, output: Path | None, as_json: bool, **opts: Any) -> None:
     """
     from oominfer.report.fit import fit_report
 
+    if output:
+        check_writable(output)  # before minutes of verifying, not after
     plan, cached = fit_from_flags(model, opts)
     if output:
         write_plan(plan, output)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import click
 
+from oominfer.cli.options import JSON
 from oominfer.k8s import (
     DEFAULT_IMAGE,
     K8sOptions,
@@ -51,6 +53,7 @@ _DEFAULTS = K8sOptions()
 @click.option("--service-monitor", is_flag=True, help="Add a Prometheus ServiceMonitor.")
 @click.option("--max-replicas", type=click.IntRange(min=1), help="Autoscaling upper bound.")
 @click.option("--require-verified", is_flag=True, help="Refuse a plan no engine has run.")
+@JSON
 def k8s_command(
     plan_file: Path,
     out_dir: Path | None,
@@ -70,11 +73,14 @@ def k8s_command(
     service_monitor: bool,
     max_replicas: int | None,
     require_verified: bool,
+    as_json: bool,
 ) -> None:
     """Write Kubernetes manifests that run PLAN.json exactly as it was fitted.
 
     A Deployment (or, when the plan spans nodes, a LeaderWorkerSet on Ray), a Service, a
     model-cache PVC and the plan in a ConfigMap; apply the folder with `kubectl apply -k`.
+    With --json, stdout is one JSON document: the objects as a v1 List (kubectl applies
+    it), or with -o the folder and the files written.
 
     \b
     Examples:
@@ -103,8 +109,14 @@ def k8s_command(
     for warning in plan_warnings(plan, options):
         click.secho(f"Warning: {warning}", err=True, fg="yellow")
     if out_dir is None:
-        click.echo(dump_yaml(render(plan, options)), nl=False)
+        docs = render(plan, options)
+        if as_json:
+            click.echo(json.dumps({"apiVersion": "v1", "kind": "List", "items": docs}, indent=2))
+        else:
+            click.echo(dump_yaml(docs), nl=False)
         return
     written = write_manifests(manifest_files(plan, options), out_dir)
+    if as_json:
+        click.echo(json.dumps({"folder": str(out_dir), "files": [p.name for p in written]}))
     click.echo(f"Wrote {len(written)} files to {out_dir}; apply with:", err=True)
     click.echo(f"  kubectl apply -k {out_dir}", err=True)

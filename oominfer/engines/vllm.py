@@ -53,13 +53,17 @@ def serve_argv(
     served_model_name: str | None = None,
     extra: Sequence[str] = (),
     python: str | None = None,
+    revision: str | None = None,
 ) -> list[str]:
     """The command that serves ``model`` with ``settings`` through vLLM's OpenAI server.
 
     One token per item, never a shell string: the probe, ``serve`` and the Kubernetes
-    manifests all run this list, so what runs is what was verified.
+    manifests all run this list, so what runs is what was verified. ``revision``: the Hub
+    revision the plan was made for (``--revision``), loaded by the engine too.
     """
     argv = [python or sys.executable, "-m", SERVER_MODULE, "--model", model]
+    if revision:
+        argv += ["--revision", revision]
     if served_model_name:
         argv += ["--served-model-name", served_model_name]
     return [*argv, *to_vllm_args(settings), "--host", host, "--port", str(port), *extra]

@@ -53,15 +53,22 @@ class GpuSpec:
         return self.compute_capability >= (8, 9)
 
     @classmethod
-    def custom(cls, memory_bytes: int, *, compute_capability: tuple[int, int] = (8, 0)) -> GpuSpec:
+    def custom(
+        cls,
+        memory_bytes: int,
+        *,
+        compute_capability: tuple[int, int] = (8, 0),
+        flag: str = "--gpu-memory",
+    ) -> GpuSpec:
         """A GPU described only by its memory (``--gpu-memory 24GiB``).
 
         The size is taken as what CUDA reports, since that is what users read in vLLM's log.
+        ``flag`` names the option the size came from, for the error.
         """
         if memory_bytes < GiB // 4:
             raise InvalidSettingError(
-                f"--gpu-memory {memory_bytes} bytes is too small for any model.",
-                hint="Write the size with a unit, e.g. --gpu-memory 24GiB.",
+                f"{flag} {memory_bytes} bytes is too small for any model.",
+                hint=f"Write the size with a unit, e.g. {flag} 24GiB.",
             )
         return cls(
             name=f"custom-{memory_bytes / GiB:g}GiB",

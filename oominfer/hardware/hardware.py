@@ -46,7 +46,7 @@ class Hardware:
         from oominfer.hardware.host import available_memory_bytes
 
         budget = memory_bytes if memory_bytes is not None else available_memory_bytes()
-        return cls(gpu=GpuSpec.custom(budget), count=1, device="cpu")
+        return cls(gpu=GpuSpec.custom(budget, flag="--memory"), count=1, device="cpu")
 
     @classmethod
     def detect(cls, count: int | None = None, *, default: str | None = None) -> Hardware:

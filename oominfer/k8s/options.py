@@ -17,6 +17,10 @@ DEFAULT_IMAGE: Final = f"ghcr.io/oominfer/oominfer-serve:{__version__}"
 """The serve/ image of this oominfer release (build and push your own: serve/README.md)."""
 _NAME_MAX: Final = 40  # leaves room for "-cache", "-plan" and LWS's "-<group>-<worker>"
 _NAME_RE: Final = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_DNS_LABEL_MAX: Final = 63
+_DNS_LABEL_RE: Final = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")  # RFC 1123
+_SUBDOMAIN_RE: Final = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+_LABEL_VALUE_RE: Final = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)?$")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -60,6 +64,31 @@ class K8sOptions:
     def __post_init__(self) -> None:
         """Reject options that would render manifests a cluster refuses or runs badly."""
         check_image(self.image)
+        if self.namespace is not None and not valid_namespace(self.namespace):
+            raise InvalidSettingError(
+                f"--namespace {self.namespace!r} is not a valid Kubernetes namespace.",
+                hint="A namespace is a DNS label: lower-case letters, digits and '-', starting "
+                f"and ending with a letter or digit, at most {_DNS_LABEL_MAX} characters.",
+            )
+        for option, object_name in (
+            ("--storage-class", self.storage_class),
+            ("--runtime-class", self.runtime_class_name),
+            ("--hf-token-secret", self.hf_token_secret),
+        ):
+            if object_name is not None and not (
+                len(object_name) <= 253 and _SUBDOMAIN_RE.match(object_name)
+            ):
+                raise InvalidSettingError(
+                    f"{option} {object_name!r} is not a valid Kubernetes object name.",
+                    hint="Use lower-case letters, digits, '-' and '.'.",
+                )
+        if self.gpu_product is not None and not (
+            len(self.gpu_product) <= 63 and _LABEL_VALUE_RE.match(self.gpu_product)
+        ):
+            raise InvalidSettingError(
+                f"--gpu-product {self.gpu_product!r} is not a valid label value.",
+                hint="Use at most 63 letters, digits, '-', '_' and '.' (e.g. NVIDIA-L4).",
+            )
         if self.name is not None and not valid_name(self.name):
             raise InvalidSettingError(
                 f"--name {self.name!r} is not a valid Kubernetes name.",
@@ -98,6 +127,11 @@ def check_image(image: str) -> None:
             f"--image {image!r} is not pinned: a rollout must not change what runs.",
             hint=f"Give a version tag or a digest, e.g. --image {DEFAULT_IMAGE}.",
         )
+
+
+def valid_namespace(namespace: str) -> bool:
+    """True for an RFC 1123 DNS label, what Kubernetes takes as a namespace."""
+    return len(namespace) <= _DNS_LABEL_MAX and bool(_DNS_LABEL_RE.match(namespace))
 
 
 def valid_name(name: str) -> bool:

@@ -116,9 +116,9 @@ def _parse(raw: Mapping[str, Any], *, model_id: str, checkpoint: Checkpoint, src
     vocab = r.integer("vocab_size", "padded_vocab_size")
     tied = r.flag("tie_word_embeddings", model_type in _TIED_BY_DEFAULT)
 
-    kinds = _layer_kinds(cfg, layers, model_id)
-    window = cfg.get("sliding_window") if "sliding" in kinds else None
-    quant = _quant_spec(cfg.get("quantization_config"), model_id)
+    kinds = _layer_kinds(r, layers)
+    window = r.integer("sliding_window", default=0) if "sliding" in kinds else None
+    quant = _quant_spec(r.section("quantization_config"), model_id)
 
     kv_lora = r.opt_integer("kv_lora_rank")
     rope_dim = r.opt_integer("qk_rope_head_dim") if kv_lora is not None else None
@@ -127,7 +127,6 @@ def _parse(raw: Mapping[str, Any], *, model_id: str, checkpoint: Checkpoint, src
     moe_inter = r.integer("moe_intermediate_size", default=inter) if n_experts else 0
 
     params = param_counts(
-        cfg,
         r,
         kinds=kinds,
         model_type=model_type,
@@ -141,7 +140,7 @@ def _parse(raw: Mapping[str, Any], *, model_id: str, checkpoint: Checkpoint, src
         n_experts=n_experts,
         moe_inter=moe_inter,
     )
-    state_elems, state_dtype = state_per_layer(cfg, r, kinds, hidden)
+    state_elems, state_dtype = state_per_layer(r, kinds, hidden)
     return ModelSpec(
         model_id=model_id,
         architecture=architecture,
@@ -153,12 +152,12 @@ def _parse(raw: Mapping[str, Any], *, model_id: str, checkpoint: Checkpoint, src
         head_dim=head_dim,
         intermediate_size=inter,
         vocab_size=vocab,
-        max_position_embeddings=(derived := _max_len(cfg, r)),
-        default_max_model_len=_default_len(cfg, derived),
+        max_position_embeddings=(derived := _max_len(r)),
+        default_max_model_len=_default_len(r, derived),
         torch_dtype=dtype_name(str(cfg.get("torch_dtype") or cfg.get("dtype") or "float32")),
         tie_word_embeddings=tied,
         layer_kinds=kinds,
-        sliding_window=int(window) if isinstance(window, int) and window > 0 else None,
+        sliding_window=window or None,
         kv_lora_rank=kv_lora,
         qk_rope_head_dim=rope_dim,
         qk_nope_head_dim=r.opt_integer("qk_nope_head_dim") if kv_lora is not None else None,
@@ -174,8 +173,9 @@ def _parse(raw: Mapping[str, Any], *, model_id: str, checkpoint: Checkpoint, src
     )
 
 
-def _layer_kinds(cfg: Mapping[str, Any], layers: int, model_id: str) -> tuple[LayerKind, ...]:
+def _layer_kinds(r: ConfigReader, layers: int) -> tuple[LayerKind, ...]:
     """What each layer caches, from the many ways configs say it."""
+    cfg, model_id = r.cfg, r.model_id
     names: dict[str, LayerKind] = {
         "full_attention": "full",
         "attention": "full",
@@ -197,24 +197,25 @@ def _layer_kinds(cfg: Mapping[str, Any], layers: int, model_id: str) -> tuple[La
     if isinstance(pattern, str) and len(pattern) == layers:  # Nemotron-H
         symbols: dict[str, LayerKind] = {"M": "mamba", "*": "full", "-": "mlp", "E": "mlp"}
         return tuple(symbols.get(ch, "mlp") for ch in pattern)
-    if cfg.get("full_attention_interval"):  # Qwen3-Next: every n-th layer is full attention
-        n = int(cfg["full_attention_interval"])
+    n = r.integer("full_attention_interval", default=0)
+    if n:  # Qwen3-Next: every n-th layer is full attention
         return tuple("full" if (i + 1) % n == 0 else "linear_attention" for i in range(layers))
-    if cfg.get("attn_layer_period"):  # Jamba
-        period, offset = int(cfg["attn_layer_period"]), int(cfg.get("attn_layer_offset", 0))
+    period = r.integer("attn_layer_period", default=0)
+    if period:  # Jamba
+        offset = r.integer("attn_layer_offset", default=0)
         return tuple("full" if i % period == offset else "mamba" for i in range(layers))
-    window = cfg.get("sliding_window")
+    window = r.integer("sliding_window", default=0)
     uses_window = window and cfg.get("use_sliding_window", True) is not False
     if not uses_window:
         return _every(layers, lambda i: True)
     model_type = cfg.get("model_type")
     if model_type == "gemma2":  # even layers slide
         return _every(layers, lambda i: i % 2 == 1)
-    pattern_n = cfg.get("sliding_window_pattern")
+    pattern_n = r.integer("sliding_window_pattern", default=0)
     if model_type in ("gemma3", "gemma3_text") or pattern_n:  # every n-th layer is global
-        n = int(pattern_n or 6)
+        n = pattern_n or 6
         return _every(layers, lambda i: (i + 1) % n == 0)
-    max_window_layers = cfg.get("max_window_layers")
+    max_window_layers = r.opt_integer("max_window_layers")
     if model_type in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe") and max_window_layers is not None:
         return _every(layers, lambda i: i < max_window_layers)
     return _every(layers, lambda i: False)
@@ -227,7 +228,7 @@ def _every(layers: int, is_full: Callable[[int], bool]) -> tuple[LayerKind, ...]
     return tuple(full if is_full(i) else sliding for i in range(layers))
 
 
-def _max_len(cfg: Mapping[str, Any], r: ConfigReader) -> int:
+def _max_len(r: ConfigReader) -> int:
     """The context vLLM derives from config.json (vllm.config.model._get_and_verify_max_len)."""
     keys = (
         "max_position_embeddings",
@@ -238,43 +239,52 @@ def _max_len(cfg: Mapping[str, Any], r: ConfigReader) -> int:
         "max_seq_length",
         "seq_len",
     )
-    found = [int(cfg[k]) for k in keys if isinstance(cfg.get(k), int | float) and cfg[k] > 0]
+    found = [n for k in keys if (n := r.integer(k, default=0)) > 0]
     length = min(found) if found else 2048
-    rope = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
-    model_type = str(cfg.get("model_type", ""))
-    if isinstance(rope, Mapping) and "gemma3" not in model_type:
-        kind = rope.get("rope_type") or rope.get("type")
-        factor = rope.get("factor")
+    rope = _rope(r)
+    model_type = str(r.cfg.get("model_type", ""))
+    if rope is not None and "gemma3" not in model_type:
+        kind = rope.cfg.get("rope_type") or rope.cfg.get("type")
+        factor = rope.number("factor", 0.0)
         # vLLM 0.32 (config/model.py _get_and_verify_max_len) multiplies by the factor except
         # for su/longrope/llama3 and the YaRN variants, whose max_position_embeddings is
         # already scaled.
         unscaled = ("su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling")
         if kind not in unscaled and kind not in ("default", "mrope") and factor:
-            length = int(length * float(factor))
+            length = int(length * factor)
     return length
 
 
-def _default_len(cfg: Mapping[str, Any], derived: int) -> int:
+def _rope(r: ConfigReader) -> ConfigReader | None:
+    """The rope scaling section (``rope_scaling``, or ``rope_parameters``), if any."""
+    for key in ("rope_scaling", "rope_parameters"):
+        if isinstance(r.cfg.get(key), Mapping) and r.cfg[key]:
+            return r.section(key)
+    return None
+
+
+def _default_len(r: ConfigReader, derived: int) -> int:
     """vLLM's max_model_len when none is given: LongRoPE models start at their original
     length (to avoid slowing short sequences); the rest at the derived maximum."""
-    rope = cfg.get("rope_scaling") or {}
-    if isinstance(rope, Mapping) and (rope.get("rope_type") or rope.get("type")) == "longrope":
-        original = cfg.get("original_max_position_embeddings")
-        if isinstance(original, int) and original > 0:
+    rope = _rope(r)
+    if rope is not None and (rope.cfg.get("rope_type") or rope.cfg.get("type")) == "longrope":
+        original = r.integer("original_max_position_embeddings", default=0)
+        if original > 0:
             return min(original, derived)
     return derived
 
 
-def _quant_spec(qc: Any, model_id: str) -> QuantSpec | None:
+def _quant_spec(qc: ConfigReader | None, model_id: str) -> QuantSpec | None:
     """The weight format of a pre-quantized checkpoint, from its quantization_config."""
-    if not isinstance(qc, Mapping):
+    if qc is None:
         return None
-    method = str(qc.get("quant_method") or qc.get("quant_algo") or "").lower()
-    group = qc.get("group_size", qc.get("q_group_size"))
-    group = int(group) if isinstance(group, int) and group > 0 else None
+    method = (qc.text("quant_method") or qc.text("quant_algo")).lower()
+    group = qc.positive_or_none("group_size", "q_group_size")
     match method:
         case "awq" | "gptq" | "awq_marlin" | "gptq_marlin" | "auto-round" | "auto_round":
-            bits = int(qc.get("bits", qc.get("w_bit", 4)))
+            bits = qc.integer("bits", "w_bit", default=4)
+            if not bits:
+                raise qc.invalid("bits", bits, "a positive number of bits")
             name = "gptq" if method.startswith("auto") else method.removesuffix("_marlin")
             return QuantSpec(method=name, bits=bits, group_size=group)
         case "fp8" | "fbgemm_fp8":
@@ -282,11 +292,11 @@ def _quant_spec(qc: Any, model_id: str) -> QuantSpec | None:
         case "mxfp4":
             return QuantSpec(method="mxfp4", bits=4, group_size=32, experts_only=True)
         case "bitsandbytes":
-            return QuantSpec(method="bitsandbytes", bits=8 if qc.get("load_in_8bit") else 4)
+            return QuantSpec(method="bitsandbytes", bits=8 if qc.flag("load_in_8bit", False) else 4)
         case "compressed-tensors" | "compressed_tensors":
             return _compressed_tensors(qc)
         case "modelopt":
-            algo = str(qc.get("quant_algo", "FP8")).upper()
+            algo = qc.text("quant_algo", "FP8").upper()
             return QuantSpec(method="modelopt", bits=4.5 if "FP4" in algo else 8)
         case "":
             raise UnsupportedConfigError(f"{model_id}: quantization_config has no quant_method.")
@@ -298,15 +308,17 @@ def _quant_spec(qc: Any, model_id: str) -> QuantSpec | None:
             )
 
 
-def _compressed_tensors(qc: Mapping[str, Any]) -> QuantSpec:
-    groups = qc.get("config_groups") or {}
-    for group in groups.values() if isinstance(groups, Mapping) else ():
-        weights = group.get("weights") or {}
-        bits = int(weights.get("num_bits", 8))
-        size = weights.get("group_size")
+def _compressed_tensors(qc: ConfigReader) -> QuantSpec:
+    """The first config group's weight format (bits, group size)."""
+    groups = qc.section("config_groups")
+    for name in groups.cfg if groups is not None else ():
+        group = groups.section(name) if groups is not None else None
+        weights = group.section("weights") if group is not None else None
+        if weights is None:
+            break
         return QuantSpec(
             method="compressed-tensors",
-            bits=bits,
-            group_size=int(size) if isinstance(size, int) and size > 0 else None,
+            bits=weights.integer("num_bits", default=8) or 8,
+            group_size=weights.positive_or_none("group_size"),
         )
     return QuantSpec(method="compressed-tensors", bits=8)

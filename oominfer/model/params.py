@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import Any, Final
+from typing import Final
 
 from oominfer.model.reader import ConfigReader
 from oominfer.model.spec import ATTENTION_KINDS, STATE_KINDS, LayerKind, ParamCounts
@@ -29,7 +28,6 @@ LEARNED_POSITIONS: Final = {"gpt2": 0, "opt": 2, "gpt_bigcode": 0}
 
 
 def param_counts(
-    cfg: Mapping[str, Any],
     r: ConfigReader,
     *,
     kinds: tuple[LayerKind, ...],
@@ -47,10 +45,10 @@ def param_counts(
     """Parameters by role, layer by layer, from the architecture alone."""
     gated = model_type not in UNGATED_MLP
     mlp_mats = 3 if gated else 2
-    biased = bool(cfg.get("attention_bias")) or model_type in ("qwen2", "qwen2_moe", "qwen")
+    biased = r.flag("attention_bias", False) or model_type in ("qwen2", "qwen2_moe", "qwen")
     # Attention projections. MLA (DeepSeek V2/V3) projects through low-rank latents.
-    if cfg.get("kv_lora_rank") is not None:
-        q_rank = cfg.get("q_lora_rank")
+    if r.cfg.get("kv_lora_rank") is not None:
+        q_rank = r.opt_integer("q_lora_rank")
         nope, rope = r.integer("qk_nope_head_dim"), r.integer("qk_rope_head_dim")
         v_dim, kv_rank = r.integer("v_head_dim"), r.integer("kv_lora_rank")
         q_proj = (
@@ -68,22 +66,22 @@ def param_counts(
     else:
         attn = hidden * (heads + 2 * kv_heads) * head_dim + heads * head_dim * hidden
         attn_other = (heads + 2 * kv_heads) * head_dim if biased else 0
-        if cfg.get("qk_norm") or model_type.startswith(("qwen3", "gemma3", "olmo2")):
+        if r.flag("qk_norm", False) or model_type.startswith(("qwen3", "gemma3", "olmo2")):
             attn_other += 2 * head_dim
     norms_per_layer = 4 if model_type in ("gemma2", "gemma3", "gemma3_text") else 2
     dense_mlp = mlp_mats * hidden * inter
-    mlp_bias = (inter + hidden) if model_type in UNGATED_MLP and cfg.get("mlp_bias", True) else 0
+    mlp_bias = (inter + hidden) if model_type in UNGATED_MLP and r.flag("mlp_bias", True) else 0
 
-    dense_layers = _dense_layers(cfg, len(kinds), n_experts)
+    dense_layers = _dense_layers(r, len(kinds), n_experts)
     shared_inter = (
-        int(cfg.get("shared_expert_intermediate_size") or 0)
-        or int(cfg.get("moe_shared_expert_intermediate_size") or 0)
-        or int(cfg.get("n_shared_experts") or 0) * moe_inter
+        r.integer("shared_expert_intermediate_size", default=0)
+        or r.integer("moe_shared_expert_intermediate_size", default=0)
+        or r.integer("n_shared_experts", default=0) * moe_inter
     )
     if model_type == "llama4":
         shared_inter = shared_inter or inter
     expert_bias = (2 * moe_inter + hidden) if model_type == "gpt_oss" else 0
-    state_params = _state_layer_params(cfg, hidden)
+    state_params = _state_layer_params(r, hidden)
 
     linear: list[int] = []
     experts: list[int] = []
@@ -124,64 +122,85 @@ def param_counts(
     )
 
 
-def _dense_layers(cfg: Mapping[str, Any], layers: int, n_experts: int) -> set[int]:
+def _dense_layers(r: ConfigReader, layers: int, n_experts: int) -> set[int]:
     """Indices of layers with a dense MLP in a MoE model."""
     if not n_experts:
         return set(range(layers))
-    dense = set(range(int(cfg.get("first_k_dense_replace") or 0)))
-    dense |= {int(i) for i in cfg.get("mlp_only_layers") or []}
-    step = int(cfg.get("decoder_sparse_step") or cfg.get("interleave_moe_layer_step") or 1)
+    dense = set(range(r.integer("first_k_dense_replace", default=0)))
+    dense |= set(r.integers("mlp_only_layers"))
+    step = (
+        r.integer("decoder_sparse_step", default=0)
+        or r.integer("interleave_moe_layer_step", default=0)
+        or 1
+    )
     dense |= {i for i in range(layers) if (i + 1) % step}
-    if cfg.get("expert_layer_period"):  # Jamba
-        period, offset = int(cfg["expert_layer_period"]), int(cfg.get("expert_layer_offset", 0))
+    period = r.integer("expert_layer_period", default=0)
+    if period:  # Jamba
+        offset = r.integer("expert_layer_offset", default=0)
         dense |= {i for i in range(layers) if i % period != offset}
     return dense
 
 
-def _state_layer_params(cfg: Mapping[str, Any], hidden: int) -> tuple[int, int]:
+def _linear_attention(r: ConfigReader) -> tuple[int, int, int, int, int]:
+    """Qwen3-Next gated DeltaNet: key heads, value heads, key dim, value dim, conv kernel."""
+    return (
+        r.integer("linear_num_key_heads"),
+        r.integer("linear_num_value_heads"),
+        r.integer("linear_key_head_dim"),
+        r.integer("linear_value_head_dim"),
+        r.integer("linear_conv_kernel_dim", default=4),
+    )
+
+
+def _mamba2(r: ConfigReader) -> tuple[int, int, int, int, int]:
+    """Mamba2 (Nemotron-H): heads, head dim, groups, state size, conv kernel."""
+    return (
+        r.integer("mamba_num_heads"),
+        r.integer("mamba_head_dim"),
+        r.integer("n_groups", default=1),
+        r.integer("ssm_state_size", default=128),
+        r.integer("conv_kernel", default=4),
+    )
+
+
+def _state_layer_params(r: ConfigReader, hidden: int) -> tuple[int, int]:
     """(projection, other) parameters of one Mamba or linear-attention mixer."""
-    if cfg.get("linear_num_value_heads"):  # Qwen3-Next gated DeltaNet
-        kh, vh = int(cfg["linear_num_key_heads"]), int(cfg["linear_num_value_heads"])
-        kd, vd = int(cfg["linear_key_head_dim"]), int(cfg["linear_value_head_dim"])
+    if r.integer("linear_num_value_heads", default=0):  # Qwen3-Next gated DeltaNet
+        kh, vh, kd, vd, kernel = _linear_attention(r)
         qkvz = hidden * (2 * kh * kd + 2 * vh * vd)
         ba = hidden * 2 * vh
-        conv = (2 * kh * kd + vh * vd) * int(cfg.get("linear_conv_kernel_dim", 4))
+        conv = (2 * kh * kd + vh * vd) * kernel
         return qkvz + ba + vh * vd * hidden, conv + 2 * vh + vd
-    if cfg.get("mamba_num_heads"):  # Mamba2 (Nemotron-H)
-        nh, hd = int(cfg["mamba_num_heads"]), int(cfg["mamba_head_dim"])
-        groups, state = int(cfg.get("n_groups", 1)), int(cfg.get("ssm_state_size", 128))
+    if r.integer("mamba_num_heads", default=0):  # Mamba2 (Nemotron-H)
+        nh, hd, groups, state, kernel = _mamba2(r)
         inner = nh * hd
         conv_dim = inner + 2 * groups * state
         in_proj = hidden * (inner + conv_dim + nh)
-        return in_proj + inner * hidden, conv_dim * int(cfg.get("conv_kernel", 4)) + 3 * nh + inner
-    if cfg.get("mamba_d_state"):  # Mamba1 (Jamba)
-        inner = int(cfg.get("mamba_expand", 2)) * hidden
-        state, rank = (
-            int(cfg["mamba_d_state"]),
-            int(cfg.get("mamba_dt_rank") or math.ceil(hidden / 16)),
-        )
+        return in_proj + inner * hidden, conv_dim * kernel + 3 * nh + inner
+    if r.integer("mamba_d_state", default=0):  # Mamba1 (Jamba)
+        inner = r.integer("mamba_expand", default=2) * hidden
+        state = r.integer("mamba_d_state")
+        rank = r.integer("mamba_dt_rank", default=0) or math.ceil(hidden / 16)
         proj = hidden * 2 * inner + inner * (rank + 2 * state) + rank * inner + inner * hidden
-        return proj, inner * int(cfg.get("mamba_d_conv", 4)) + inner * state + inner
+        return proj, inner * r.integer("mamba_d_conv", default=4) + inner * state + inner
     return 0, 0
 
 
 def state_per_layer(
-    cfg: Mapping[str, Any], r: ConfigReader, kinds: tuple[LayerKind, ...], hidden: int
+    r: ConfigReader, kinds: tuple[LayerKind, ...], hidden: int
 ) -> tuple[int, str | None]:
     """Elements of recurrent state one sequence keeps in one Mamba / linear-attention layer."""
     if not any(k in STATE_KINDS for k in kinds):
         return 0, None
-    state_dtype = cfg.get("mamba_ssm_cache_dtype")
-    if cfg.get("linear_num_value_heads"):
-        kh, vh = int(cfg["linear_num_key_heads"]), int(cfg["linear_num_value_heads"])
-        kd, vd = int(cfg["linear_key_head_dim"]), int(cfg["linear_value_head_dim"])
-        conv = (int(cfg.get("linear_conv_kernel_dim", 4)) - 1) * (2 * kh * kd + vh * vd)
+    state_dtype = r.text("mamba_ssm_cache_dtype") or None
+    if r.integer("linear_num_value_heads", default=0):
+        kh, vh, kd, vd, kernel = _linear_attention(r)
+        conv = max(kernel - 1, 0) * (2 * kh * kd + vh * vd)
         return conv + vh * kd * vd, state_dtype
-    if cfg.get("mamba_num_heads"):
-        nh, hd = int(cfg["mamba_num_heads"]), int(cfg["mamba_head_dim"])
-        groups, state = int(cfg.get("n_groups", 1)), int(cfg.get("ssm_state_size", 128))
-        conv = (int(cfg.get("conv_kernel", 4)) - 1) * (nh * hd + 2 * groups * state)
+    if r.integer("mamba_num_heads", default=0):
+        nh, hd, groups, state, kernel = _mamba2(r)
+        conv = max(kernel - 1, 0) * (nh * hd + 2 * groups * state)
         return conv + nh * hd * state, state_dtype
-    inner = int(cfg.get("mamba_expand", 2)) * hidden
+    inner = r.integer("mamba_expand", default=2) * hidden
     state = r.integer("mamba_d_state", "ssm_state_size", default=16)
-    return (int(cfg.get("mamba_d_conv", 4)) - 1) * inner + inner * state, state_dtype
+    return max(r.integer("mamba_d_conv", default=4) - 1, 0) * inner + inner * state, state_dtype

@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
+from oominfer.errors import InvalidSettingError
+
 LayerKind = Literal["full", "sliding", "mamba", "linear_attention", "mlp"]
 """What a decoder layer keeps per sequence: a full KV cache, a sliding window of it, a fixed
 recurrent state (Mamba, linear attention), or nothing (MLP-only layers of hybrid models)."""
@@ -157,6 +159,21 @@ class ModelSpec:
     """Where the spec came from: a folder path, "hub", or "catalog"."""
     revision: str | None = None
     """The Hub revision asked for (``--revision``), which the engine must load too."""
+
+    def check_context(self, tokens: int | None, flag: str = "--max-model-len") -> None:
+        """Refuse a context longer than the model was trained for, as vLLM does.
+
+        Raises:
+            InvalidSettingError: ``tokens`` exceeds ``max_position_embeddings`` (what vLLM
+                derives from config.json, rope scaling included).
+        """
+        limit = self.max_position_embeddings
+        if tokens is not None and tokens > limit:
+            raise InvalidSettingError(
+                f"{flag} {tokens:,} is longer than {self.model_id}'s trained maximum of "
+                f"{limit:,} tokens (from its config.json); vLLM refuses it.",
+                hint=f"Pass {flag} {limit} or less.",
+            )
 
     @property
     def is_mla(self) -> bool:

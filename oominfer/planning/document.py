@@ -16,7 +16,7 @@ from typing import Any, Final
 
 from oominfer.errors import InvalidSettingError, PlanError
 from oominfer.memory.breakdown import MemoryBreakdown
-from oominfer.settings import Device, Engine, VllmSettings
+from oominfer.settings import DEVICES, ENGINES, Device, Engine, VllmSettings
 
 SCHEMA_VERSION: Final = 1
 
@@ -162,54 +162,127 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
     return {"schema_version": data.pop("schema_version"), **data}
 
 
+_REFIT = "Re-run `oominfer fit` with this version of oominfer to write a new plan."
+
+
 def plan_from_dict(data: Any, *, source: str = "plan") -> Plan:
-    """Read a plan document.
+    """Read a plan document, refusing what no engine could run.
 
     Raises:
-        PlanError: not an object, an unknown schema version, or malformed fields.
+        PlanError: not an object, an unknown schema version, a missing or malformed field
+            (no ``settings``, a section of the wrong type), an impossible setting, or a
+            parallel layout the plan's GPUs and model cannot hold.
     """
     if not isinstance(data, dict):
         raise PlanError(f"{source} is not a plan: it must hold a JSON object.")
     version = data.get("schema_version")
-    if version != SCHEMA_VERSION:
+    if type(version) is not int or version != SCHEMA_VERSION:
         raise PlanError(
             f"{source} has schema_version {version!r}; this oominfer reads version "
             f"{SCHEMA_VERSION}.",
-            hint="Re-run `oominfer fit` with this version of oominfer to write a new plan.",
+            hint=_REFIT,
         )
+    for key in ("model_id", "settings"):
+        if key not in data:
+            raise PlanError(f"{source} is malformed: it has no {key!r}.", hint=_REFIT)
     try:
-        settings = VllmSettings(**data.get("settings", {}))
-        levers = tuple(Lever(**lever) for lever in data.get("levers", []))
-        ver = data.get("verification")
-        verification = Verification(**ver) if ver else None
-        return Plan(
-            model_id=str(data["model_id"]),
+        model_id = data["model_id"]
+        if not isinstance(model_id, str) or not model_id:
+            raise TypeError(f"'model_id' must be a non-empty string, got {model_id!r}")
+        for key in ("engine", "device"):
+            allowed = ENGINES if key == "engine" else DEVICES
+            if data.get(key, allowed[0]) not in allowed:
+                raise TypeError(f"{key!r} must be one of {', '.join(allowed)}")
+        ver = _section(data, "verification")
+        plan = Plan(
+            model_id=model_id,
             revision=data.get("revision"),
-            architecture=dict(data.get("architecture") or {}),
+            architecture=_section(data, "architecture"),
             device=data.get("device", "cuda"),
-            gpu=dict(data.get("gpu") or {}),
+            gpu=_section(data, "gpu"),
             engine=data.get("engine", "vllm"),
             engine_version=data.get("engine_version"),
-            settings=settings,
+            settings=VllmSettings(**_section(data, "settings")),
             predicted=_prediction(data.get("predicted")),
             baseline=_prediction(data.get("baseline")),
-            levers=levers,
-            constraints=dict(data.get("constraints") or {}),
-            verification=verification,
+            levers=tuple(Lever(**_object(lever, "a lever")) for lever in _list(data, "levers")),
+            constraints=_section(data, "constraints"),
+            verification=Verification(**ver) if ver else None,
             created_at=str(data.get("created_at", "")),
         )
-    except (KeyError, TypeError) as err:
-        raise PlanError(f"{source} is malformed: {err}.") from None
+    except (KeyError, TypeError, ValueError) as err:
+        raise PlanError(f"{source} is malformed: {err}.", hint=_REFIT) from None
     except InvalidSettingError as err:
         raise PlanError(f"{source} has an impossible setting: {err}", hint=err.hint) from None
+    _check_layout(plan, source)
+    return plan
+
+
+def _object(value: Any, what: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise TypeError(f"{what} must be a JSON object, got {value!r}")
+    return value
+
+
+def _section(data: dict[str, Any], key: str) -> dict[str, Any]:
+    """``data[key]`` as an object; empty when absent or null."""
+    value = data.get(key)
+    return {} if value is None else dict(_object(value, repr(key)))
+
+
+def _list(data: dict[str, Any], key: str) -> list[Any]:
+    value = data.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise TypeError(f"{key!r} must be a JSON list, got {value!r}")
+    return value
+
+
+def _count(section: dict[str, Any], key: str) -> int | None:
+    """A positive count recorded in the plan (``gpu.count``), None when absent."""
+    value = section.get(key)
+    if value is None:
+        return None
+    if type(value) is not int or value < 1:
+        raise TypeError(f"{key!r} must be a positive integer, got {value!r}")
+    return value
+
+
+def _check_layout(plan: Plan, source: str) -> None:
+    """Refuse a parallel layout the plan's own facts rule out: more GPUs than it records,
+    a tensor-parallel size that does not divide the attention heads, more pipeline stages
+    than layers.
+
+    Raises:
+        PlanError: the layout, and why it cannot run.
+    """
+    s = plan.settings
+    tp, pp = s.tensor_parallel_size, s.pipeline_parallel_size
+    try:
+        gpus = _count(plan.gpu, "count")
+        heads = _count(plan.architecture, "num_attention_heads")
+        layers = _count(plan.architecture, "num_layers")
+    except TypeError as err:
+        raise PlanError(f"{source} is malformed: {err}.", hint=_REFIT) from None
+    why = None
+    if plan.device == "cuda" and gpus is not None and s.world_size > gpus:
+        why = f"needs {s.world_size} GPUs (tensor {tp} x pipeline {pp}) but records {gpus}"
+    elif heads is not None and heads % tp:
+        why = f"tensor_parallel_size {tp} does not divide the model's {heads} attention heads"
+    elif layers is not None and pp > layers:
+        why = f"pipeline_parallel_size {pp} exceeds the model's {layers} layers"
+    if why:
+        raise PlanError(
+            f"{source} has an impossible layout: it {why}.",
+            hint="Re-run `oominfer fit` for the GPUs you have instead of editing the plan.",
+        )
 
 
 def _prediction(data: Any) -> Prediction | None:
     if data is None or data == {}:
         return None
-    if not isinstance(data, dict):
-        raise TypeError("a prediction must be an object")
-    return Prediction.from_dict(data)
+    return Prediction.from_dict(_object(data, "'predicted'"))
 
 
 def plan_from_json(text: str, *, source: str = "plan") -> Plan:

@@ -9,37 +9,59 @@ from oominfer.planning.document import Prediction
 from oominfer.units import format_bytes
 
 BAR_WIDTH = 60
-# (label, glyph, colour) of each bar segment, in the order vLLM allocates them.
+# (label, glyph, colour) of each bar segment, in the order vLLM allocates them. Every part
+# has its own glyph, so the bar reads without colour (NO_COLOR, a pipe, a log file).
 SEGMENTS = (
     ("weights", "█", "blue"),
     ("activations", "▓", "magenta"),
     ("non-torch", "▒", "yellow"),
     ("CUDA graphs", "░", "cyan"),
-    ("KV cache", "█", "green"),
-    ("free", "·", "white"),
+    ("KV cache", "▚", "green"),
 )
+OVER = ("beyond the budget", "!", "red")
+"""What lies beyond ``gpu_memory_utilization``'s budget: drawn in its place, after the parts
+that fit, so a part that exceeds the budget shows as a run of ``!``."""
+FREE = ("free", "·", "white")
+
+Segment = tuple[str, str, str]
+"""(glyphs, colour, legend) of one run of the bar."""
 
 
-def memory_bar(b: Prediction, *, width: int = BAR_WIDTH) -> list[tuple[str, str, str]]:
-    """The GPU's memory as (glyphs, colour, legend) segments, scaled to ``width`` cells."""
-    kv = max(b.kv_cache_bytes, 0)
-    used = b.non_kv_bytes + kv
+def _cells(sizes: list[int], width: int) -> list[int]:
+    """Cells per size, summing to ``width``: every non-zero size gets at least one, the
+    largest absorbs the rounding."""
+    span = max(sum(sizes), 1)
+    cells = [max(round(n * width / span), 1) if n else 0 for n in sizes]
+    cells[cells.index(max(cells))] += width - sum(cells)
+    return cells
+
+
+def memory_bar(b: Prediction, *, width: int = BAR_WIDTH) -> list[Segment]:
+    """The GPU's memory as segments scaled to ``width`` cells: the parts in the order vLLM
+    allocates them up to the budget, then ``!`` for whatever exceeds the budget, then the
+    memory left free. The legend names each part with its glyph and size (never negative)."""
     parts = [
         b.weights_bytes,
         b.activation_bytes,
         b.non_torch_bytes,
         b.cuda_graph_bytes,
-        kv,
-        max(b.total_bytes - used, 0),
+        max(b.kv_cache_bytes, 0),
     ]
-    scale = width / max(b.total_bytes, used, 1)
-    out = []
-    for (label, glyph, colour), size in zip(SEGMENTS, parts, strict=True):
-        cells = round(size * scale)
-        if size and not cells:
-            cells = 1
-        out.append((glyph * cells, colour, f"{label} {format_bytes(size)}"))
-    return out
+    budget = b.budget_bytes or b.total_bytes
+    within, used = [], 0  # what of each part lies within the budget
+    for size in parts:
+        within.append(max(min(used + size, budget) - used, 0))
+        used += size
+    over, free = max(used - budget, 0), max(b.total_bytes - used, 0)
+    drawn = _cells([*within, over, free], width)
+    shown = [*parts, over, free]  # the legend names each part's whole size
+    return [
+        (glyph * cells, colour, f"{glyph} {label} {format_bytes(size)}")
+        for (label, glyph, colour), size, cells in zip(
+            (*SEGMENTS, OVER, FREE), shown, drawn, strict=True
+        )
+        if size
+    ]
 
 
 def breakdown_table(spec: ModelSpec, hardware: Hardware, b: MemoryBreakdown) -> list[str]:
@@ -55,7 +77,7 @@ def breakdown_table(spec: ModelSpec, hardware: Hardware, b: MemoryBreakdown) -> 
         ("  activations", format_bytes(b.activation_bytes)),
         ("  non-torch", format_bytes(b.non_torch_bytes)),
         ("  CUDA graphs", format_bytes(b.cuda_graph_bytes)),
-        ("  KV cache", format_bytes(b.kv_cache_bytes)),
+        ("  KV cache", _kv_row(b)),
         ("KV per token", format_bytes(b.kv_bytes_per_token)),
         ("KV tokens", f"{b.kv_cache_tokens:,}"),
         ("max_model_len", f"{b.max_model_len:,}"),
@@ -66,6 +88,13 @@ def breakdown_table(spec: ModelSpec, hardware: Hardware, b: MemoryBreakdown) -> 
         rows.insert(10, ("state per seq", format_bytes(b.state_bytes_per_seq)))
     width = max(len(k) for k, _ in rows)
     return [f"{k:<{width}}  {v}" for k, v in rows]
+
+
+def _kv_row(b: MemoryBreakdown) -> str:
+    """The KV cache's size, or what is missing when nothing is left for it."""
+    if b.kv_cache_bytes >= 0:
+        return format_bytes(b.kv_cache_bytes)
+    return f"none: the rest needs {format_bytes(-b.kv_cache_bytes)} more than the budget"
 
 
 def verdict(b: Prediction) -> tuple[bool, str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from oominfer.errors import OominferError
 from oominfer.hardware.hardware import Hardware
 from oominfer.memory.breakdown import MemoryBreakdown
 from oominfer.model.spec import ModelSpec
@@ -42,3 +43,17 @@ def breakdown_json(
         },
         "per_gpu": dataclasses.asdict(Prediction.of(b)),
     }
+
+
+def error_json(
+    kind: str, exit_code: int, message: str, hint: str | None = None, **data: Any
+) -> dict[str, Any]:
+    """The one shape of every failure under ``--json``: ``error`` (a stable snake_case kind),
+    ``exit_code``, ``message``, ``hint`` (null when none), then the error's facts as data
+    (``shortfall_bytes`` and ``ways_out`` when it does not fit)."""
+    return {"error": kind, "exit_code": exit_code, "message": message, "hint": hint, **data}
+
+
+def error_json_of(err: OominferError) -> dict[str, Any]:
+    """The ``--json`` shape of an expected failure."""
+    return error_json(err.kind, int(err.exit_status), err.message, err.hint, **err.data())

@@ -78,7 +78,7 @@ def server_argv(
     so the transformers server's own grace period is kept below the time it is given.
     """
     argv = engine_argv(plan.model_id, plan.settings, engine=plan.engine, host=host, port=port,
-                       python=python or sys.executable)  # fmt: skip
+                       python=python or sys.executable, revision=plan.revision)  # fmt: skip
     if plan.engine == "transformers":
         argv += ["--grace-period", f"{ENGINE_STOP_S / 2:g}"]
     return [*argv, *merge_extra(plan, extra)]

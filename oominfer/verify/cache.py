@@ -21,7 +21,7 @@ def cache_key(spec: ModelSpec, hardware: Hardware, constraints: Constraints, **i
     """Verified plans are cached by model revision, hardware, engine version, constraints and
     every other input of the fit (engine, device, dtype, estimate or not)."""
     data = json.dumps(
-        [architecture_facts(spec), spec.model_id,
+        [architecture_facts(spec), spec.model_id, spec.revision,
          hardware_facts(hardware),
          dataclasses.asdict(constraints), sorted(inputs.items())],
         sort_keys=True, default=str,

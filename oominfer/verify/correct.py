@@ -57,7 +57,12 @@ def correct(
         free = _free_fraction(facts.detail)
         util = round((free or settings.gpu_memory_utilization) - 0.02, 2)
         if util <= 0.05:
-            raise DoesNotFitError(f"only {free:.0%} of the GPU is free: {facts.detail}")
+            held = f"only {free:.0%} of the GPU is free" if free is not None else (
+                "too little of the GPU is free")  # fmt: skip
+            raise DoesNotFitError(
+                f"{held}: {facts.detail or 'the engine did not say how much'}",
+                hint="Stop what else holds the GPU's memory (nvidia-smi lists it), then fit again.",
+            )
         lever = Lever(name="gpu_memory_utilization", value=util, cost="a smaller KV cache",
                       reason="other processes hold GPU memory; the budget shrinks to what is "
                       "free")  # fmt: skip

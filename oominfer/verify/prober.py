@@ -75,6 +75,8 @@ class EngineProber:
     """Seconds the engine has to exit after SIGTERM before SIGKILL."""
     extra_args: tuple[str, ...] = ()
     """Flags appended to the engine's command line (benchmarks compare vLLM's own recipes)."""
+    revision: str | None = None
+    """The Hub revision of the model (``--revision``), which the engine loads too."""
 
     def __call__(
         self, model: str, settings: VllmSettings, *, engine: Engine, device: Device
@@ -86,7 +88,8 @@ class EngineProber:
         self.workdir.mkdir(parents=True, exist_ok=True)
         log_path = self.workdir / f"probe-{self.launches}-{engine}.log"
         port = free_port()
-        argv = engine_argv(model, settings, engine=engine, port=port, python=self.python)
+        argv = engine_argv(model, settings, engine=engine, port=port, python=self.python,
+                           revision=self.revision)  # fmt: skip
         argv += self.extra_args
         built = engine_env(settings, device=device, engine=engine)
         if built.note and self.on_note and self.launches == 1:

@@ -5,17 +5,26 @@ Run it as::
     python -m oominfer.engines.transformers --model DIR --host 127.0.0.1 --port 8000 \\
         [--plan plan.json] [--dtype float32] [--quantization bitsandbytes|int8] \\
         [--max-model-len N] [--max-num-seqs N] [--max-queue N] [--api-key KEY] \\
-        [--served-model-name NAME] [--grace-period S]
+        [--served-model-name NAME] [--grace-period S] [--default-max-tokens N] \\
+        [--max-body-size 10MiB] [--timeout-keep-alive S] [--timeout-request S] \\
+        [--max-connections N]
 
 Endpoints: ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions`` (the tokenizer's chat
-template; ``stream: true`` as server-sent events ending with ``data: [DONE]``), ``/health`` and
-``/metrics`` (Prometheus text). Only ``/v1/*`` needs the bearer token when ``--api-key`` (or
-``OOMINFER_API_KEY``) is set.
+template; ``stream: true`` as server-sent events ending with ``data: [DONE]``), ``/health``,
+``/metrics`` (Prometheus text) and ``/openapi.json``. Only ``/v1/*`` needs the bearer token
+(scheme in any case) when ``--api-key`` (or ``OOMINFER_API_KEY``) is set; a non-loopback
+``--host`` without one logs a warning.
+
+At the edges: a bad or unsupported field (``tools``, ``response_format``, ``logit_bias``...) is
+a 400 naming it, and never reaches the batch; a body over ``--max-body-size`` is a 413; prompts
+are tokenized on a worker thread; a client that disconnects has its request cancelled and its
+batch slot freed; a chat without ``max_tokens`` stops at ``--default-max-tokens`` (see
+``prompts.default_max_tokens``); idle, slow and surplus connections are closed (``connections``).
 
 Modules, one concept each:
 
 - ``config``: the flags and the plan, resolved to a ``ServerConfig``.
-- ``engine``: loading the model; its prefill and decode forward passes.
+- ``runner``: loading the model; its prefill and decode forward passes.
 - ``kv``: the running batch and its KV cache (merge, select rows, size).
 - ``sequence``: one request's generation state, its events, token sampling.
 - ``scheduler``: continuous batching on one worker thread; out-of-memory split-and-retry.
@@ -23,8 +32,10 @@ Modules, one concept each:
 - ``metrics``: ``/metrics`` in the Prometheus text format.
 - ``protocol``: the OpenAI wire format (requests, errors, replies, SSE chunks).
 - ``prompts``: a validated request checked against the model and turned into a sequence.
-- ``middleware``: API key, draining, in-flight count and per-status metrics for every route.
-- ``server``: the FastAPI app and its routes.
+- ``middleware``: API key, draining, body size, in-flight count and per-status metrics.
+- ``server``: the FastAPI app and its routes; a request whose client leaves is cancelled.
+- ``openapi``: ``/openapi.json``, with the errors as they are answered.
+- ``connections``: uvicorn's h11 protocol with idle and request timeouts and a connection cap.
 - ``shutdown``: SIGTERM drain.
 - ``cli``: ``main``, behind ``python -m oominfer.engines.transformers``.
 

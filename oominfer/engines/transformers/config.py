@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import logging
 import os
+import resource
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +16,7 @@ from oominfer.engines.transformers.memory import TEST_OOM_ENV
 from oominfer.errors import InvalidSettingError
 from oominfer.planning.document import Plan, plan_from_json
 from oominfer.settings import VllmSettings
+from oominfer.units import parse_size
 
 log = logging.getLogger("oominfer.transformers")
 
@@ -22,6 +24,49 @@ API_KEY_ENV: Final = "OOMINFER_API_KEY"
 DEFAULT_MAX_NUM_SEQS: Final = 8
 DEFAULT_MAX_QUEUE: Final = 256
 DEFAULT_GRACE_PERIOD_S: Final = 30.0
+DEFAULT_MAX_BODY: Final = "10MiB"
+"""A 131,072-token prompt is about 0.5 MiB of text, about 1 MiB as token ids: 10 MiB leaves
+room for long chats and JSON escapes (up to 6 bytes a character) and refuses what no context
+holds (a 20 MB body took seconds of tokenizing to be refused)."""
+DEFAULT_MAX_TOKENS: Final = 4096
+"""``max_tokens`` of a chat that gives none, when the checkpoint's generation_config.json sets
+no ``max_new_tokens`` (see ``prompts.default_max_tokens``)."""
+DEFAULT_TIMEOUT_KEEP_ALIVE_S: Final = 5
+"""uvicorn's and vLLM's ``--timeout-keep-alive`` default."""
+DEFAULT_TIMEOUT_REQUEST_S: Final = 30.0
+MAX_CONNECTIONS_CEILING: Final = 1024
+FD_RESERVE: Final = 64
+"""File descriptors kept free of connections: model files, logs, pipes, the listening socket."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClientLimits:
+    """What clients may hold and send: connections, their idle and slow time, body size."""
+
+    max_connections: int
+    """Open connections at most; the longest-idle one is closed to admit a new one."""
+    timeout_keep_alive_s: int = DEFAULT_TIMEOUT_KEEP_ALIVE_S
+    """A connection with no request in progress is closed after this long."""
+    timeout_request_s: float = DEFAULT_TIMEOUT_REQUEST_S
+    """A request's headers and body must arrive within this long of its first byte."""
+    max_body_bytes: int = parse_size(DEFAULT_MAX_BODY)
+    """A request body above this is refused with 413."""
+
+
+def default_max_connections() -> int:
+    """What the open-file limit leaves for connections, at most ``MAX_CONNECTIONS_CEILING``.
+
+    Each connection holds a descriptor; at the limit, ``accept`` fails and nothing (``/health``
+    included) can connect, so the cap stays below it.
+    """
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return MAX_CONNECTIONS_CEILING
+    try:
+        in_use = len(os.listdir("/proc/self/fd"))
+    except OSError:
+        in_use = FD_RESERVE
+    return max(1, min(MAX_CONNECTIONS_CEILING, soft - in_use - FD_RESERVE))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -31,12 +76,19 @@ class ServerConfig:
     model: str
     served_model_name: str
     settings: VllmSettings
+    revision: str | None = None
+    """The Hub revision to load (``--revision``; default: the plan's)."""
     device: str = "auto"
     host: str = "127.0.0.1"
     port: int = 8000
     max_queue: int = DEFAULT_MAX_QUEUE
     api_key: str | None = None
     grace_period_s: float = DEFAULT_GRACE_PERIOD_S
+    default_max_tokens: int | None = None
+    """``--default-max-tokens``; None: the checkpoint's generation config, else 4096."""
+    limits: ClientLimits = dataclasses.field(
+        default_factory=lambda: ClientLimits(max_connections=MAX_CONNECTIONS_CEILING)
+    )
 
     @property
     def max_num_seqs(self) -> int:
@@ -54,7 +106,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--model", help="model folder or id (default: the plan's model_id)")
     p.add_argument("--plan", type=Path, help="a plan.json written by `oominfer fit`")
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--revision", help="Hub revision of the model (default: the plan's)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default: %(default)s); another than loopback "
+                   "without --api-key logs a warning")  # fmt: skip
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--dtype", choices=["auto", "bfloat16", "float16", "float32"])
     p.add_argument("--quantization", choices=["bitsandbytes", "int8"])
@@ -75,6 +130,39 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         type=float,
         default=DEFAULT_GRACE_PERIOD_S,
         help="seconds to finish in-flight requests after SIGTERM (default: %(default)s)",
+    )
+    p.add_argument(
+        "--default-max-tokens",
+        type=int,
+        help="max_tokens of a chat request that gives none, besides the context left after "
+        "the prompt (vLLM's bound); default: the checkpoint's generation_config.json "
+        f"max_new_tokens, else {DEFAULT_MAX_TOKENS}. Completions default to 16, as OpenAI's.",
+    )
+    p.add_argument(
+        "--max-body-size",
+        default=DEFAULT_MAX_BODY,
+        help="largest request body; a larger one gets 413 (default: %(default)s)",
+    )
+    p.add_argument(
+        "--timeout-keep-alive",
+        type=int,
+        default=DEFAULT_TIMEOUT_KEEP_ALIVE_S,
+        help="close a connection with no request in progress after this many seconds, "
+        "whether it has sent one before or not (default: %(default)s)",
+    )
+    p.add_argument(
+        "--timeout-request",
+        type=float,
+        default=DEFAULT_TIMEOUT_REQUEST_S,
+        help="seconds a client has to send a whole request once it starts; a slower one "
+        "gets 408 and its connection is closed (default: %(default)s)",
+    )
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        help="open connections at most: a new one closes the longest-idle one, or is closed "
+        "itself when every connection has a request in progress (default: what the open-file "
+        f"limit leaves, at most {MAX_CONNECTIONS_CEILING})",
     )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return p.parse_args(argv)
@@ -114,14 +202,31 @@ def resolve_config(args: argparse.Namespace) -> ServerConfig:
         raise InvalidSettingError(f"--max-queue must be a positive integer, got {args.max_queue}.")
     if args.grace_period < 0:
         raise InvalidSettingError(f"--grace-period must be >= 0, got {args.grace_period}.")
+    for flag, value in (
+        ("--default-max-tokens", args.default_max_tokens),
+        ("--max-connections", args.max_connections),
+        ("--timeout-keep-alive", args.timeout_keep_alive),
+        ("--timeout-request", args.timeout_request),
+    ):
+        if value is not None and value <= 0:
+            raise InvalidSettingError(f"{flag} must be positive, got {value}.")
+    limits = ClientLimits(
+        max_connections=args.max_connections or default_max_connections(),
+        timeout_keep_alive_s=args.timeout_keep_alive,
+        timeout_request_s=args.timeout_request,
+        max_body_bytes=parse_size(args.max_body_size),
+    )
     return ServerConfig(
         model=model,
         served_model_name=args.served_model_name or model,
         settings=settings,
+        revision=args.revision or (plan.revision if plan else None),
         device=args.device or (plan.device if plan else "auto"),
         host=args.host,
         port=args.port,
         max_queue=args.max_queue,
         api_key=args.api_key or None,
         grace_period_s=args.grace_period,
+        default_max_tokens=args.default_max_tokens,
+        limits=limits,
     )

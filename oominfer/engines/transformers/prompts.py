@@ -1,10 +1,16 @@
-"""From a validated request to a sequence: the model name, the prompt's tokens, the limits."""
+"""From a validated request to a sequence: the model name, the prompt's tokens, the limits.
+
+``SeqBuilder``'s methods tokenize and may take seconds on a long prompt: the server runs them
+on a worker thread, never on the event loop.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from oominfer.engines.transformers.config import ServerConfig
+import torch
+
+from oominfer.engines.transformers.config import DEFAULT_MAX_TOKENS, ServerConfig
 from oominfer.engines.transformers.protocol import (
     ApiError,
     ChatRequest,
@@ -15,7 +21,26 @@ from oominfer.engines.transformers.runner import ModelRunner
 from oominfer.engines.transformers.sequence import Seq
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16
-"""OpenAI's default ``max_tokens`` for ``/v1/completions`` (chat defaults to the context)."""
+"""OpenAI's and vLLM's default ``max_tokens`` for ``/v1/completions``."""
+
+
+def default_max_tokens(flag: int | None, generation_config: Any) -> int:
+    """``max_tokens`` of a chat that gives none, before the context left bounds it too.
+
+    vLLM's OpenAI server (``get_max_tokens``, 0.32) takes the least of the context left after
+    the prompt, the checkpoint's generation_config.json ``max_new_tokens`` and
+    ``--override-generation-config '{"max_new_tokens": N}'``; with neither set, a chat runs to
+    the end of the context (a temperature-0 chat reached 28k tokens in four minutes). Here
+    ``--default-max-tokens`` plays the override's part, and without either a chat stops at
+    ``DEFAULT_MAX_TOKENS`` (``finish_reason: "length"``); a request's own ``max_tokens`` may
+    ask for more, up to the context.
+    """
+    if flag is not None:
+        return flag
+    checkpoint = getattr(generation_config, "max_new_tokens", None)
+    if isinstance(checkpoint, int) and checkpoint > 0:
+        return checkpoint
+    return DEFAULT_MAX_TOKENS
 
 
 class SeqBuilder:
@@ -26,6 +51,9 @@ class SeqBuilder:
         self.config = config
         self.engine = engine
         self.max_model_len = max_model_len
+        self.default_max_tokens = default_max_tokens(
+            config.default_max_tokens, getattr(engine.model, "generation_config", None)
+        )
 
     def completion(self, req: CompletionRequest) -> Seq:
         """The sequence of ``POST /v1/completions``.
@@ -33,9 +61,9 @@ class SeqBuilder:
         Raises:
             ApiError: 404 for another model, 400 for what cannot be served.
         """
-        self._check_model(req.model)
-        max_tokens = req.max_tokens if req.max_tokens is not None else DEFAULT_COMPLETION_MAX_TOKENS
-        return self._new_seq(req, self._completion_prompt(req), max_tokens, "prompt")
+        self._check(req)
+        prompt = self._completion_prompt(req)
+        return self._new_seq(req, prompt, req.max_tokens, DEFAULT_COMPLETION_MAX_TOKENS, "prompt")
 
     def chat(self, req: ChatRequest) -> Seq:
         """The sequence of ``POST /v1/chat/completions``.
@@ -43,11 +71,14 @@ class SeqBuilder:
         Raises:
             ApiError: 404 for another model, 400 for what cannot be served.
         """
-        self._check_model(req.model)
+        self._check(req)
         max_tokens = req.max_completion_tokens or req.max_tokens
-        return self._new_seq(req, self._chat_prompt(req), max_tokens, "messages")
+        prompt = self._chat_prompt(req)
+        return self._new_seq(req, prompt, max_tokens, self.default_max_tokens, "messages")
 
-    def _check_model(self, model: str | None) -> None:
+    def _check(self, req: SamplingRequest) -> None:
+        """What needs no tokenizing: the model's name, fields this backend does not do."""
+        model = req.model
         if model is not None and model not in (self.config.served_model_name, self.config.model):
             raise ApiError(
                 404,
@@ -56,16 +87,25 @@ class SeqBuilder:
                 param="model",
                 code="model_not_found",
             )
-
-    def _new_seq(
-        self, req: SamplingRequest, prompt: list[int], max_tokens: int | None, what: str
-    ) -> Seq:
         if req.n != 1:
             raise ApiError(400, "n > 1 is not supported by the transformers backend.", param="n")
-        if req.logprobs not in (None, False, 0):
+        field = req.unsupported()
+        if field is not None:
             raise ApiError(
-                400, "logprobs are not supported by the transformers backend.", param="logprobs"
+                400,
+                f"{field} is not supported by the transformers backend: leave it out.",
+                param=field,
+                code="unsupported_parameter",
             )
+
+    def _new_seq(
+        self,
+        req: SamplingRequest,
+        prompt: list[int],
+        max_tokens: int | None,
+        default: int,
+        what: str,
+    ) -> Seq:
         if not prompt:
             raise ApiError(400, f"The {what} is empty.", param=what)
         bad = [t for t in prompt if not 0 <= t < self.engine.vocab_size]
@@ -78,7 +118,7 @@ class SeqBuilder:
             )
         limit = self.max_model_len
         if max_tokens is None:
-            max_tokens = limit - len(prompt)
+            max_tokens = min(default, limit - len(prompt))
             if max_tokens < 1:
                 raise ApiError(
                     400,
@@ -98,6 +138,14 @@ class SeqBuilder:
                 code="context_length_exceeded",
             )
         stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
+        generator = None
+        if req.seed is not None:  # made here, so that a seed torch refuses fails this request
+            try:
+                generator = torch.Generator(device=self.engine.device).manual_seed(req.seed)
+            except (RuntimeError, ValueError, OverflowError) as err:
+                raise ApiError(
+                    400, f"seed {req.seed} is not usable: {err}.", param="seed"
+                ) from None
         return Seq(
             prompt=prompt,
             max_tokens=max_tokens,
@@ -105,12 +153,10 @@ class SeqBuilder:
             top_p=req.top_p,
             stop=tuple(s for s in stop if s),
             ignore_eos=req.ignore_eos,
-            seed=req.seed,
+            generator=generator,
         )
 
     def _completion_prompt(self, req: CompletionRequest) -> list[int]:
-        if req.echo:
-            raise ApiError(400, "echo is not supported by the transformers backend.", param="echo")
         prompt = req.prompt
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
             if len(prompt) != 1:

@@ -7,13 +7,15 @@ import re
 import time
 import uuid
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar, Final
+from typing import Annotated, Any, ClassVar, Final
 
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 RETRY_AFTER_S: Final = 1
+CLIENT_CLOSED_REQUEST: Final = 499
+"""nginx's status for a request whose client went away first; only /metrics sees it."""
 
 # Errors
 
@@ -53,7 +55,14 @@ class ApiError(Exception):
 
     def response(self) -> JSONResponse:
         """The HTTP response."""
-        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+        return _AsciiJSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+class _AsciiJSONResponse(JSONResponse):
+    """JSON with ``\\u`` escapes: a message that quotes a client's invalid text still encodes."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, separators=(",", ":")).encode()
 
 
 def busy(message: str, status: int = 429) -> ApiError:
@@ -76,6 +85,73 @@ def shutting_down() -> ApiError:
 # Requests
 
 
+def _valid_unicode(value: str) -> str:
+    """Refuse text that cannot be encoded: a lone UTF-16 surrogate (``"\\ud800"`` in JSON)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise ValueError(
+            f"the text holds a lone surrogate (U+{ord(value[err.start]):04X} at character "
+            f"{err.start}), which is not valid Unicode"
+        ) from None
+    return value
+
+
+def _check_unicode(value: Any) -> None:
+    """``_valid_unicode`` for every string (keys included) in a JSON value."""
+    if isinstance(value, str):
+        _valid_unicode(value)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_unicode(key)
+            _check_unicode(item)
+    elif isinstance(value, list):
+        for item in value:
+            _check_unicode(item)
+
+
+SEED_RANGE: Final = (-(2**63), 2**64 - 1)
+"""What torch's generator takes."""
+
+
+def _seed(value: int) -> int:
+    low, high = SEED_RANGE
+    if not low <= value <= high:
+        raise ValueError(f"must be from {low} to {high} (a 64-bit seed), got {value}")
+    return value
+
+
+def _whole_number(value: Any) -> Any:
+    """``1.0`` as ``1``: OpenAI clients send integers that passed through a float."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+Text = Annotated[str, AfterValidator(_valid_unicode)]
+"""A string that is valid Unicode (it can be tokenized and echoed back)."""
+Count = Annotated[int, BeforeValidator(_whole_number)]
+"""An integer, also when sent as a float with no fraction."""
+
+UNSUPPORTED: Final[dict[str, tuple[Any, ...]]] = {
+    "tools": (None, []),
+    "tool_choice": (None, "none", "auto"),
+    "functions": (None, []),
+    "function_call": (None, "none", "auto"),
+    "response_format": (None, {"type": "text"}),
+    "logit_bias": (None, {}),
+    "logprobs": (None, False, 0),
+    "top_logprobs": (None, 0),
+    "presence_penalty": (None, 0),
+    "frequency_penalty": (None, 0),
+    "echo": (None, False),
+    "suffix": (None, ""),
+    "best_of": (None, 1),
+}
+"""Fields this backend does not implement, and the values that ask for nothing: any other value
+is refused with 400 rather than ignored."""
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
 
@@ -89,46 +165,72 @@ class StreamOptions(_Strict):
 class SamplingRequest(_Strict):
     """What both generation endpoints accept."""
 
-    model: str | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
+    model: Text | None = None
+    max_tokens: Count | None = Field(default=None, ge=1)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    n: int = Field(default=1, ge=1)
-    stop: str | list[str] | None = None
+    n: Count = Field(default=1, ge=1)
+    stop: Text | list[Text] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    seed: int | None = None
+    seed: Annotated[Count, AfterValidator(_seed)] | None = Field(
+        default=None, json_schema_extra={"minimum": SEED_RANGE[0], "maximum": SEED_RANGE[1]}
+    )
     ignore_eos: bool = False
     """vLLM's extension: keep generating past end-of-sequence (benchmarks)."""
-    logprobs: Any = None
-    user: str | None = None
+    user: Text | None = None
+    tools: Any = Field(default=None, description="Not supported: refused unless empty.")
+    tool_choice: Any = Field(default=None, description="Not supported unless none or auto.")
+    functions: Any = Field(default=None, description="Not supported: refused unless empty.")
+    function_call: Any = Field(default=None, description="Not supported unless none or auto.")
+    response_format: Any = Field(default=None, description="Only {type: text} is supported.")
+    logit_bias: Any = Field(default=None, description="Not supported: refused unless empty.")
+    logprobs: Any = Field(default=None, description="Not supported: refused unless false or 0.")
+    top_logprobs: Any = Field(default=None, description="Not supported: refused unless 0.")
+    presence_penalty: Any = Field(default=None, description="Not supported: refused unless 0.")
+    frequency_penalty: Any = Field(default=None, description="Not supported: refused unless 0.")
 
     @property
     def include_usage(self) -> bool:
         """A streamed reply ends with a usage chunk."""
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    def unsupported(self) -> str | None:
+        """The first field that asks for what this backend does not do, if any."""
+        for name, neutral in UNSUPPORTED.items():
+            if name in type(self).model_fields and getattr(self, name) not in neutral:
+                return name
+        return None
+
 
 class CompletionRequest(SamplingRequest):
     """``POST /v1/completions``."""
 
-    prompt: str | list[int] | list[str] | list[list[int]]
-    echo: bool = False
+    prompt: Text | list[int] | list[Text] | list[list[int]]
+    echo: Any = Field(default=None, description="Not supported: refused unless false.")
+    suffix: Any = Field(default=None, description="Not supported: refused unless empty.")
+    best_of: Any = Field(default=None, description="Not supported: refused unless 1.")
 
 
 class ChatMessage(BaseModel):
     """One chat message; content is text or a list of text parts."""
 
     model_config = ConfigDict(strict=True, extra="allow")
-    role: str
-    content: str | list[dict[str, Any]] | None = None
+    role: Text
+    content: Text | list[dict[str, Any]] | None = None
+
+    @model_validator(mode="after")
+    def _unicode(self) -> ChatMessage:
+        _check_unicode(self.content)
+        _check_unicode(self.model_extra)
+        return self
 
 
 class ChatRequest(SamplingRequest):
     """``POST /v1/chat/completions``."""
 
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: Count | None = Field(default=None, ge=1)
     add_generation_prompt: bool = True
 
 
@@ -140,7 +242,8 @@ def validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     errors = list(exc.errors())
     if not errors:
         return "Invalid request.", None
-    first = errors[0]
+    # a union reports each member's error: the one our own validators raised says most
+    first = next((e for e in errors if e.get("type") == "value_error"), errors[0])
     if first.get("type") == "json_invalid":
         return f"The request body is not valid JSON: {first.get('msg', '')}.", None
     # pydantic names the member of a union that failed ("prompt.str"): not a parameter
@@ -148,7 +251,8 @@ def validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     param = ".".join(loc) or None
     where = f"{param}: " if param else "body: "
     more = f" (and {len(errors) - 1} more errors)" if len(errors) > 1 else ""
-    return f"Invalid request: {where}{first.get('msg', 'invalid value')}{more}.", param
+    msg = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+    return f"Invalid request: {where}{msg}{more}.", param
 
 
 # Replies

@@ -106,8 +106,8 @@ class ModelRunner:
             # Each LLM.int8 matmul logs a cast warning otherwise.
             logging.getLogger("bitsandbytes.autograd._functions").setLevel(logging.ERROR)
         try:
-            tokenizer = auto_tokenizer.from_pretrained(config.model)
-            model = auto_model.from_pretrained(config.model, **kwargs)
+            tokenizer = auto_tokenizer.from_pretrained(config.model, revision=config.revision)
+            model = auto_model.from_pretrained(config.model, revision=config.revision, **kwargs)
         except (OSError, ValueError) as err:
             raise ModelNotFoundError(
                 f"cannot load {config.model!r} with transformers: {err}",

@@ -7,7 +7,9 @@ are prefilled together, then their caches are concatenated onto the running batc
 decode step for the whole batch, hands each sequence its token, and drops finished rows
 (``batch_select_indices``) and all-padding columns. Concurrent requests therefore share every
 decode forward pass. Requests beyond the free slots wait in a bounded queue (``--max-queue``);
-past it ``submit`` raises 429 with ``Retry-After``, and 503 while shutting down.
+past it ``submit`` raises 429 with ``Retry-After``, and 503 while shutting down. A sequence
+whose client went away is dropped before its next step, or skipped when its turn comes. An
+unexpected error while handling one sequence's token fails that sequence alone.
 
 Out of memory (``torch.OutOfMemoryError``; on the CPU a ``MemoryError`` or a ``RuntimeError``
 from a failed allocation): the cache of the failed forward is dropped, garbage is collected
@@ -108,6 +110,8 @@ class Scheduler:
         with self._cond:
             if not self._accepting:
                 raise shutting_down()
+            if len(self._waiting) >= self.max_queue:  # drop those whose clients left first
+                self._waiting = deque(s for s in self._waiting if not s.cancelled)
             if len(self._waiting) >= self.max_queue:
                 raise busy(
                     f"The server is busy: {len(self._waiting)} requests are already waiting "
@@ -205,9 +209,8 @@ class Scheduler:
             return
         if self._merge is None:
             self._merge = can_merge(cache)
-        tokens = sample(logits, group)
-        for seq, token in zip(group, tokens, strict=True):
-            self._accept(seq, token)
+        tokens = sample(logits, group, self._broken)
+        self._accept_all(group, tokens)
         new = Batch(cache=cache, mask=mask, last=torch.tensor(tokens, device=mask.device),
                     seqs=group)  # fmt: skip
         keep = [i for i, s in enumerate(group) if not s.done]
@@ -239,10 +242,9 @@ class Scheduler:
                 raise
             self._out_of_memory(batch.seqs, err, batch_lost=True)
             return
-        tokens = sample(logits, batch.seqs)
+        tokens = sample(logits, batch.seqs, self._broken)
         batch.last = torch.tensor(tokens, device=batch.mask.device)
-        for seq, token in zip(batch.seqs, tokens, strict=True):
-            self._accept(seq, token)
+        self._accept_all(batch.seqs, tokens)
         self._prune(batch)
         self._clean_steps += 1
         if self.cap < self.max_num_seqs and self._clean_steps >= CAP_RECOVERY_STEPS:
@@ -303,6 +305,18 @@ class Scheduler:
                 code="out_of_memory",
             ),
         )
+
+    def _accept_all(self, seqs: list[Seq], tokens: list[int]) -> None:
+        for seq, token in zip(seqs, tokens, strict=True):
+            try:
+                self._accept(seq, token)
+            except Exception as err:
+                self._broken(seq, err)
+
+    def _broken(self, seq: Seq, err: Exception) -> None:
+        """A bug met while handling one sequence fails that one only."""
+        log.error("Unexpected error on one sequence; failing it alone.", exc_info=err)
+        self._fail(seq, ApiError(500, "Internal error while generating.", type_="internal_error"))
 
     def _accept(self, seq: Seq, token: int) -> None:
         """Hand one sampled token to its sequence: text, stop conditions, events."""

@@ -47,7 +47,8 @@ class Seq:
     top_p: float = 1.0
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
-    seed: int | None = None
+    generator: torch.Generator | None = None
+    """Seeded from the request's ``seed``; None draws from torch's global generator."""
     emit: Callable[[Event], None] = lambda event: None
     generated: list[int] = field(default_factory=list)
     completion_tokens: int = 0
@@ -56,7 +57,6 @@ class Seq:
     cancelled: bool = False
     solo: bool = False
     """Failed for memory beside others: retried alone before it is failed."""
-    generator: torch.Generator | None = None
 
     @property
     def ids(self) -> list[int]:
@@ -64,19 +64,30 @@ class Seq:
         return self.prompt + self.generated
 
 
-def sample(logits: torch.Tensor, seqs: Sequence[Seq]) -> list[int]:
-    """One token per row: greedy at temperature 0, else drawn with temperature and top_p."""
+def sample(
+    logits: torch.Tensor, seqs: Sequence[Seq], fail: Callable[[Seq, Exception], None]
+) -> list[int]:
+    """One token per row: greedy at temperature 0, else drawn with temperature and top_p.
+
+    A row whose draw raises is handed to ``fail`` (its token is then meaningless); the other
+    rows go on.
+    """
     tokens: list[int] = logits.argmax(-1).tolist()
     for row, seq in enumerate(seqs):
         if seq.temperature <= 1e-5:
             continue
-        probs = torch.softmax(logits[row] / seq.temperature, dim=-1)
-        if seq.top_p < 1.0:
-            sorted_probs, order = probs.sort(descending=True)
-            outside = sorted_probs.cumsum(-1) - sorted_probs > seq.top_p
-            sorted_probs[outside] = 0
-            probs = torch.zeros_like(probs).scatter(0, order, sorted_probs)
-        if seq.seed is not None and seq.generator is None:
-            seq.generator = torch.Generator(device=probs.device).manual_seed(seq.seed)
-        tokens[row] = int(torch.multinomial(probs, 1, generator=seq.generator))
+        try:
+            tokens[row] = _draw(logits[row], seq)
+        except Exception as err:
+            fail(seq, err)
     return tokens
+
+
+def _draw(logits: torch.Tensor, seq: Seq) -> int:
+    probs = torch.softmax(logits / seq.temperature, dim=-1)
+    if seq.top_p < 1.0:
+        sorted_probs, order = probs.sort(descending=True)
+        outside = sorted_probs.cumsum(-1) - sorted_probs > seq.top_p
+        sorted_probs[outside] = 0
+        probs = torch.zeros_like(probs).scatter(0, order, sorted_probs)
+    return int(torch.multinomial(probs, 1, generator=seq.generator))

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -16,9 +16,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from oominfer.engines.transformers.config import ServerConfig
 from oominfer.engines.transformers.middleware import Gate, GateState
+from oominfer.engines.transformers.openapi import OPENAPI_PATH, error_responses, openapi_schema
 from oominfer.engines.transformers.prompts import SeqBuilder
 from oominfer.engines.transformers.protocol import (
     CHAT,
+    CLIENT_CLOSED_REQUEST,
     COMPLETIONS,
     SSE_DONE,
     ApiError,
@@ -33,6 +35,7 @@ from oominfer.engines.transformers.protocol import (
 from oominfer.engines.transformers.runner import ModelRunner
 from oominfer.engines.transformers.scheduler import Scheduler
 from oominfer.engines.transformers.sequence import Event, FinishEvent, Seq, TokenEvent
+from oominfer.version import __version__
 
 log = logging.getLogger("oominfer.transformers")
 
@@ -44,7 +47,7 @@ class Server:
         """Build the app; the scheduler starts with the app's lifespan."""
         self.config = config
         self.engine = engine
-        self.gate = GateState(api_key=config.api_key)
+        self.gate = GateState(api_key=config.api_key, max_body_bytes=config.limits.max_body_bytes)
         self.metrics = self.gate.metrics
         self.scheduler = Scheduler(
             engine,
@@ -123,22 +126,35 @@ class Server:
             body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
         )
 
-    async def _generate(self, req: SamplingRequest, seq: Seq, endpoint: Endpoint) -> Response:
-        """Run ``seq``; answer with the whole reply, or stream it when the request asks."""
-        id_ = endpoint.new_id()
-        if req.stream:
-            return self._stream(seq, endpoint, id_, include_usage=req.include_usage)
-        text, finish = await self._collect(seq)
-        name = self.config.served_model_name
-        return JSONResponse(endpoint.reply(id_, name, text, finish.reason, _usage(finish)))
+    async def _generate(
+        self,
+        request: Request,
+        req: SamplingRequest,
+        build: Callable[[Any], Seq],
+        endpoint: Endpoint,
+    ) -> Response:
+        """Run ``req``; answer with the whole reply, or stream it when the request asks."""
 
-    async def completions(self, req: CompletionRequest) -> Response:
+        async def answer() -> Response:
+            seq = await asyncio.to_thread(build, req)  # tokenizing may take seconds
+            id_ = endpoint.new_id()
+            if req.stream:
+                return self._stream(seq, endpoint, id_, include_usage=req.include_usage)
+            text, finish = await self._collect(seq)
+            name = self.config.served_model_name
+            return JSONResponse(endpoint.reply(id_, name, text, finish.reason, _usage(finish)))
+
+        # Starlette's streaming response cancels a stream whose client leaves; a whole reply
+        # would generate on for nobody, holding a batch slot: watch the connection meanwhile.
+        return await _unless_disconnected(request, answer())
+
+    async def completions(self, req: CompletionRequest, request: Request) -> Response:
         """``POST /v1/completions``."""
-        return await self._generate(req, self.seqs.completion(req), COMPLETIONS)
+        return await self._generate(request, req, self.seqs.completion, COMPLETIONS)
 
-    async def chat(self, req: ChatRequest) -> Response:
+    async def chat(self, req: ChatRequest, request: Request) -> Response:
         """``POST /v1/chat/completions``."""
-        return await self._generate(req, self.seqs.chat(req), CHAT)
+        return await self._generate(request, req, self.seqs.chat, CHAT)
 
     def models(self) -> dict[str, Any]:
         """``GET /v1/models``."""
@@ -167,8 +183,8 @@ class Server:
             finally:
                 self.scheduler.close()
 
-        app = FastAPI(title="oominfer (transformers)", lifespan=lifespan, docs_url=None,
-                      redoc_url=None, openapi_url=None)  # fmt: skip
+        app = FastAPI(title="oominfer (transformers)", version=__version__, lifespan=lifespan,
+                      docs_url=None, redoc_url=None, openapi_url=OPENAPI_PATH)  # fmt: skip
 
         @app.exception_handler(ApiError)
         async def api_error(request: Request, exc: ApiError) -> Response:
@@ -189,9 +205,10 @@ class Server:
             log.exception("Unexpected error on %s", request.url.path)
             return ApiError(500, "Internal server error.", type_="internal_error").response()
 
-        app.post("/v1/completions", response_model=None)(self.completions)
-        app.post("/v1/chat/completions", response_model=None)(self.chat)
-        app.get("/v1/models")(self.models)
+        generation = error_responses(400, 401, 404, 408, 413, 429, 503, 507)
+        app.post("/v1/completions", response_model=None, responses=generation)(self.completions)
+        app.post("/v1/chat/completions", response_model=None, responses=generation)(self.chat)
+        app.get("/v1/models", responses=error_responses(401, 503))(self.models)
 
         @app.get("/health", response_model=None)
         async def health() -> Response:
@@ -207,8 +224,31 @@ class Server:
             )
 
         app.add_middleware(Gate, state=self.gate)
+        app.openapi = lambda: openapi_schema(app, api_key=bool(self.config.api_key))  # type: ignore[method-assign]
         return app
 
 
 def _usage(finish: FinishEvent) -> dict[str, int]:
     return usage(finish.prompt_tokens, finish.completion_tokens)
+
+
+async def _unless_disconnected(request: Request, work: Awaitable[Response]) -> Response:
+    """``work``'s response, or 499 after cancelling it when the client disconnects first."""
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(disconnected())
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    finally:
+        watcher.cancel()
+    if task in done:
+        return task.result()
+    task.cancel()  # its sequence is marked cancelled; the scheduler drops it
+    return Response(status_code=CLIENT_CLOSED_REQUEST)

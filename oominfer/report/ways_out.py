@@ -1,0 +1,72 @@
+"""Ways out of an estimate that does not fit: single flag changes, each proven by estimating
+again. Pure."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from oominfer.errors import InvalidSettingError
+from oominfer.hardware.hardware import Hardware
+from oominfer.memory.breakdown import MemoryBreakdown
+from oominfer.memory.estimate import estimate
+from oominfer.model.spec import ModelSpec
+from oominfer.settings import Engine, VllmSettings
+
+_PARALLEL = (2, 4, 8)
+
+
+def _tries(
+    spec: ModelSpec, hardware: Hardware, s: VllmSettings, b: MemoryBreakdown
+) -> list[tuple[str, VllmSettings, Hardware]]:
+    """The changes worth estimating, cheapest in quality first."""
+    gpu = hardware.gpu
+    fp8 = hardware.is_cpu or gpu.supports_fp8
+    tries = []
+    if b.max_model_len_that_fits > 0:
+        fits = b.max_model_len_that_fits
+        tries.append((f"--max-model-len {fits}", dataclasses.replace(s, max_model_len=fits)))
+    if s.kv_cache_dtype == "auto" and fp8:
+        tries.append(("--kv-cache-dtype fp8", dataclasses.replace(s, kv_cache_dtype="fp8")))
+    if not s.enforce_eager and b.cuda_graph_bytes:
+        tries.append(("--enforce-eager", dataclasses.replace(s, enforce_eager=True)))
+    if s.quantization is None and spec.quantization is None and gpu.supports_fp8:
+        tries.append(("-q fp8_per_tensor", dataclasses.replace(s, quantization="fp8_per_tensor")))
+    out = [(flag, settings, hardware) for flag, settings in tries]
+    if hardware.is_cpu:
+        return out
+    pp = s.pipeline_parallel_size
+    for n in _PARALLEL:
+        if n <= s.tensor_parallel_size or spec.num_attention_heads % n:
+            continue
+        need = n * pp
+        more = hardware if hardware.count >= need else dataclasses.replace(hardware, count=need)
+        flag = f"-tp {n}" + ("" if more is hardware else f" --gpus {need}")
+        out.append((flag, dataclasses.replace(s, tensor_parallel_size=n), more))
+    return out
+
+
+def ways_out(
+    spec: ModelSpec,
+    hardware: Hardware,
+    settings: VllmSettings,
+    b: MemoryBreakdown,
+    *,
+    engine: Engine = "vllm",
+) -> list[str]:
+    """The single flag changes that make ``b`` fit, each checked by estimating it; more
+    GPUs only at the smallest tensor-parallel size that fits. Empty when it fits."""
+    if b.fits:
+        return []
+    found: list[str] = []
+    parallel_found = False
+    for flag, s, hw in _tries(spec, hardware, settings, b):
+        if flag.startswith("-tp") and parallel_found:
+            continue
+        try:
+            fits = estimate(spec, hardware=hw, settings=s, engine=engine).fits
+        except InvalidSettingError:
+            continue
+        if fits:
+            found.append(flag)
+            parallel_found = parallel_found or flag.startswith("-tp")
+    return found
