@@ -77,7 +77,10 @@ class Front:
         self.client = httpx.AsyncClient(
             base_url=f"http://127.0.0.1:{upstream_port}",
             timeout=httpx.Timeout(None, connect=10.0),
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=512),
+            # Idle connections are let go before the engine closes them (uvicorn: after 5 s).
+            limits=httpx.Limits(
+                max_connections=None, max_keepalive_connections=512, keepalive_expiry=2.0
+            ),
         )
         self.ready = False
         self.draining = False
