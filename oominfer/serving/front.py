@@ -67,6 +67,8 @@ class _Flight:
     sse: bool = False
     ended_event: bool = True
     """The bytes sent so far end on an event boundary (nothing half-sent)."""
+    answered: bool = False
+    """The whole answer was sent (the request only has to close)."""
 
 
 class Front:
@@ -103,18 +105,24 @@ class Front:
         finally:
             self.flights.discard(flight)
 
+    @property
+    def in_flight(self) -> int:
+        """Requests not answered in full yet."""
+        return sum(not flight.answered for flight in self.flights)
+
     def cut(self, reason: str) -> int:
-        """End every request in flight with an error; returns how many there were."""
-        for flight in self.flights:
+        """End every request not answered yet with an error; returns how many there were."""
+        unanswered = [flight for flight in self.flights if not flight.answered]
+        for flight in unanswered:
             flight.reason = reason
             flight.cut.set()
-        return len(self.flights)
+        return len(unanswered)
 
     async def wait_idle(self, seconds: float) -> None:
-        """Until no request is in flight, or ``seconds`` have passed."""
+        """Until every request is answered, or ``seconds`` have passed."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + seconds
-        while self.flights and loop.time() < deadline:
+        while self.in_flight and loop.time() < deadline:
             await asyncio.sleep(0.05)
 
     async def _proxy(self, scope: Scope, receive: Receive, send: Send, flight: _Flight) -> None:
@@ -138,7 +146,9 @@ class Front:
                 task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await relay
-        if cut.done() and not cut.cancelled() and not relay_finished(relay):
+        if flight.answered:
+            return
+        if cut.done() and not cut.cancelled():
             await _end_with_error(send, flight, 503, flight.reason)
         elif relay.done() and not relay.cancelled() and relay.exception() is not None:
             said = f"The engine did not answer: {relay.exception()}"
@@ -174,14 +184,9 @@ class Front:
                     flight.ended_event = not held
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             await send({"type": "http.response.body", "body": held, "more_body": False})
-            flight.ended_event = True
+            flight.answered = True
         finally:
             await response.aclose()
-
-
-def relay_finished(relay: asyncio.Future[None]) -> bool:
-    """The relay sent its whole answer before it was stopped."""
-    return relay.done() and not relay.cancelled() and relay.exception() is None
 
 
 async def _rest_of_body(

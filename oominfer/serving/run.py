@@ -217,12 +217,12 @@ class _Session:
         front = self.front
         front.draining = True
         self.note(f"Stopping ({self.signal_name}): refusing new requests; waiting up to "
-                  f"{self.grace:g} s for {len(front.flights)} in flight.")  # fmt: skip
+                  f"{self.grace:g} s for {front.in_flight} in flight.")  # fmt: skip
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.grace
-        while front.flights and loop.time() < deadline and not self.hurry.is_set():
+        while front.in_flight and loop.time() < deadline and not self.hurry.is_set():
             await asyncio.sleep(0.05)
-        if not front.flights:
+        if not front.in_flight:
             return ServeExit.DRAINED
         why = "a second signal came" if self.hurry.is_set() else (
             f"the grace period of {self.grace:g} s ran out")  # fmt: skip
