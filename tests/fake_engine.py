@@ -14,7 +14,8 @@ vLLM does), and misbehaves on cue. ``FAKE_ENGINE`` holds comma-separated cues:
 - ``sigill``: die with SIGILL during start-up; ``sigill_on_request``: on the first request;
 - ``ignore_term``: ignore SIGTERM (the engine and its children);
 - ``children``: start a child that starts a grandchild, as vLLM's EngineCore and Worker;
-- ``slow_start``: take ``FAKE_START_S`` seconds (default 2) before listening.
+- ``slow_start``: take ``FAKE_START_S`` seconds (default 2) before listening;
+- ``split_events``: send each streamed event in two chunks.
 
 ``FAKE_TOKEN_S`` is the seconds between streamed tokens (default 0). The API key is read from
 VLLM_API_KEY or OOMINFER_API_KEY, as the real engines read it. Tests find what is left of it by
@@ -169,8 +170,14 @@ class Handler(BaseHTTPRequestHandler):
 
         def event(data: str) -> None:
             payload = f"data: {data}\n\n".encode()
-            self.wfile.write(f"{len(payload):x}\r\n".encode() + payload + b"\r\n")
-            self.wfile.flush()
+            # ``split_events``: each event in two chunks, the token's time apart (the network
+            # may split them anywhere); the proxy must still forward whole events.
+            parts = [payload[:7], payload[7:]] if "split_events" in CUES else [payload]
+            for i, part in enumerate(parts):
+                if i:
+                    time.sleep(TOKEN_S)
+                self.wfile.write(f"{len(part):x}\r\n".encode() + part + b"\r\n")
+                self.wfile.flush()
 
         try:
             for i in range(tokens):
@@ -178,7 +185,7 @@ class Handler(BaseHTTPRequestHandler):
                 piece = {"delta": {"content": " tok"}} if chat else {"text": " tok"}
                 choice = {"index": 0, "finish_reason": "length" if last else None, **piece}
                 event(json.dumps({"id": "cmpl-fake", "model": self.model, "choices": [choice]}))
-                if TOKEN_S and not last:
+                if TOKEN_S and not last and "split_events" not in CUES:
                     time.sleep(TOKEN_S)
             event("[DONE]")
             self.wfile.write(b"0\r\n\r\n")

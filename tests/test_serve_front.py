@@ -195,7 +195,7 @@ def test_sigterm_with_streams_in_flight_is_bounded(serve: type[Serve]) -> None:
     """Grace period over: each open stream ends with an error event and [DONE], health says
     draining meanwhile, oominfer exits 6 within the grace period plus 10 s, nothing left."""
     grace = 1.5
-    srv = serve("ready,children", grace=grace, FAKE_TOKEN_S="0.1")
+    srv = serve("ready,children,split_events", grace=grace, FAKE_TOKEN_S="0.1")
     srv.wait_ready()
     streams = [Stream(srv.url, 500) for _ in range(3)]
     for s in streams:

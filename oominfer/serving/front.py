@@ -181,7 +181,7 @@ class Front:
                         continue
                     cut_at = end + len(_SSE_SPLIT) if end >= 0 else len(held)
                     chunk, held = held[:cut_at], held[cut_at:]
-                    flight.ended_event = not held
+                    flight.ended_event = end >= 0  # else an overlong event goes out in parts
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             await send({"type": "http.response.body", "body": held, "more_body": False})
             flight.answered = True
