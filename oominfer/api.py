@@ -263,6 +263,7 @@ def fit(
             deadline_seconds=timeout,
             on_progress=listener.on_progress,
             on_launch=listener.on_launch,
+            on_note=listener.on_note,
             revision=spec.revision,
         )
     with _engines_die_with_us():

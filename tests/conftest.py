@@ -16,14 +16,19 @@ _TESTS = str(Path(__file__).resolve().parent)
 if _TESTS not in sys.path:
     sys.path.insert(0, _TESTS)
 
+from fake_engine import fake_python  # noqa: E402
 from models import build_model  # noqa: E402
+
+from oominfer.engines.amx import apply_in_process  # noqa: E402
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _isolated_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Keep Hugging Face and vLLM away from the network and the home folder."""
+    """Keep Hugging Face, vLLM and oominfer's caches away from the network and the home
+    folder (the AMX probe's answer is then probed once per test session)."""
     root = tmp_path_factory.mktemp("env")
     with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("OOMINFER_CACHE_DIR", str(root / "oominfer-cache"))
         mp.setenv("HF_HOME", str(root / "hf"))
         mp.setenv("HF_HUB_OFFLINE", "1")
         mp.setenv("TRANSFORMERS_OFFLINE", "1")
@@ -33,6 +38,9 @@ def _isolated_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
         mp.setenv("VLLM_DO_NOT_TRACK", "1")
         mp.setenv("DO_NOT_TRACK", "1")
         mp.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+        # Torch in this process (building test models) on a host whose CPU traps AMX: the
+        # product's own workaround, probed once (engines get it from engine_env).
+        apply_in_process()
         yield
 
 
@@ -93,3 +101,9 @@ def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tiny_other(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 3-layer random-weight Qwen2 (MHA 4 heads, head_dim 128) with a tokenizer, built once."""
     return build_model(tmp_path_factory.mktemp("models") / "tiny-qwen2", **TINY_OTHER)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="session")
+def fake_engine_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A ``python`` that runs tests/fake_engine.py: give it as the engine's interpreter."""
+    return fake_python(tmp_path_factory.mktemp("fake-engine"))

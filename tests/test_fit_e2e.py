@@ -13,13 +13,17 @@ taken from the engine itself: (b)'s first launch, at 131,072 tokens, fails with 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from engine_util import MARK_VARIABLE, leftovers, wait_until_gone
 
 from oominfer.errors import DoesNotFitError
 from oominfer.hardware.hardware import Hardware
@@ -35,7 +39,6 @@ pytestmark = pytest.mark.slow
 
 KV_BUDGET = 32 * MiB
 TRUE_MAX_AT_32MIB = (KV_BUDGET // (128 * 512) - 1) * 128  # 65,408
-ENGINE_MARKERS = ("vllm.entrypoints.openai.api_server", "oominfer.engines.transformers")
 
 
 @dataclass
@@ -64,28 +67,8 @@ class FitRun:
         return f"exit {self.returncode}\nstdout:\n{self.stdout}\nstderr:\n{self.stderr}{tail}"
 
 
-def engines_of(model_dir: Path) -> list[str]:
-    """Command lines of live engine processes serving ``model_dir`` (ours, not a teammate's)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            state = (entry / "stat").read_text().rsplit(")", 1)[-1].split()[0]
-        except OSError:
-            continue
-        if state == "Z":
-            continue
-        if any(m in cmdline for m in ENGINE_MARKERS) and str(model_dir) in cmdline:
-            found.append(f"{entry.name}: {cmdline}")
-    return found
-
-
-def run_fit(model_dir: Path, tmp: Path, *args: str, timeout: float = 900) -> FitRun:
-    """``python -m oominfer fit MODEL ... -o plan.json --no-cache`` with its caches in ``tmp``."""
-    tmp.mkdir(parents=True, exist_ok=True)
-    plan_path = tmp / "plan.json"
+def fit_env(tmp: Path, mark: str) -> dict[str, str]:
+    """`oominfer fit`'s environment: its caches in ``tmp``, every process marked ``mark``."""
     env = dict(os.environ)
     env.pop("VLLM_CPU_KVCACHE_SPACE", None)
     env.update(
@@ -98,11 +81,21 @@ def run_fit(model_dir: Path, tmp: Path, *args: str, timeout: float = 900) -> Fit
         VLLM_DO_NOT_TRACK="1",
         DO_NOT_TRACK="1",
     )
+    env[MARK_VARIABLE] = mark
+    return env
+
+
+def run_fit(model_dir: Path, tmp: Path, *args: str, timeout: float = 900) -> FitRun:
+    """``python -m oominfer fit MODEL ... -o plan.json --no-cache`` with its caches in ``tmp``."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    plan_path = tmp / "plan.json"
+    mark = f"fit-{uuid.uuid4().hex[:10]}"
     argv = [sys.executable, "-m", "oominfer", "fit", str(model_dir), *args]
     argv += ["-o", str(plan_path), "--no-cache"]
-    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(argv, env=fit_env(tmp, mark), capture_output=True, text=True,
+                          timeout=timeout)  # fmt: skip
     result = FitRun(proc.returncode, proc.stdout, proc.stderr, plan_path, tmp)
-    left = engines_of(model_dir)
+    left = leftovers(mark)
     assert not left, f"engine processes survived oominfer:\n{left}\n{result.explain()}"
     return result
 
@@ -192,6 +185,29 @@ def test_model_that_cannot_fit_at_all(tiny_llama: Path, vllm_python: str, tmp_pa
     assert "short by" in error[start]
     assert run.probe_logs == []  # nothing was launched
     assert not run.plan_path.exists()
+
+
+def test_sigkill_while_verifying_leaves_no_engine(
+    tiny_llama: Path, vllm_python: str, tmp_path: Path
+) -> None:
+    """`kill -9` of `oominfer fit` once vLLM's EngineCore runs: the lifeline stops the server,
+    EngineCore and Worker within 10 s."""
+    mark = f"fit-{uuid.uuid4().hex[:10]}"
+    argv = [sys.executable, "-m", "oominfer", "fit", str(tiny_llama), "--device", "cpu",
+            "--memory", "8GiB", "--kv-cache-memory-bytes", "32MiB", "--no-cache"]  # fmt: skip
+    fit = subprocess.Popen(argv, env=fit_env(tmp_path, mark), stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 180
+        while not any("EngineCore" in p for p in leftovers(mark)):
+            assert fit.poll() is None and time.monotonic() < deadline, leftovers(mark)
+            time.sleep(0.2)
+        os.kill(fit.pid, signal.SIGKILL)
+        assert fit.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        if fit.poll() is None:
+            fit.kill()
+    assert wait_until_gone(mark, 10) == []
 
 
 # ---- (d) the transformers backend on the CPU ------------------------------------------

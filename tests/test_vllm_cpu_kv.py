@@ -39,7 +39,7 @@ def _launch(model_dir: Path, max_model_len: int, python: str, logs: Path, name: 
         model_dir,
         max_model_len=max_model_len,
         log_path=logs / f"{name}.log",
-        kv_cache_gib=KV_GIB,
+        kv_cache_memory_bytes=KV_GIB * GiB,
         cache_root=logs / "vllm-cache",
         python=python,
         deadline_s=300,

@@ -96,7 +96,9 @@ def serve(ctx: click.Context, /, target: str, host: str, port: int, api_key: str
 
     TARGET is a plan.json written by `oominfer fit`, or a model (then the fit flags apply;
     given with a plan, they are refused rather than ignored). Flags after `--` go to vLLM;
-    one that the plan sets must agree with it. Exits with the engine's status.
+    one that the plan sets must agree with it. On SIGTERM, SIGINT or SIGHUP it drains: exits 0
+    when every request in flight finished, 6 when some were cut at the end of --grace-period;
+    3 or 4 when the engine fails (for memory, or otherwise).
 
     \b
     Examples:

@@ -1,33 +1,67 @@
 """serve: run a plan behind the OpenAI API, exactly as the plan (and fit's probe) says.
 
 vLLM is launched from the same argv builder the probe used; the transformers backend is
-oominfer's own server. The engine's output is passed through while the first lines are kept,
-so that a failure at start can be explained against what the plan predicted. SIGTERM and
-SIGINT are forwarded (vLLM drains, then stops) and oominfer exits with the engine's status.
+oominfer's own server. Either engine listens on a private port of 127.0.0.1, on a lifeline (it
+dies with oominfer however oominfer dies), and reads the API key from its environment, never
+its command line. oominfer owns the public port (``front``: a thin streaming proxy), passes
+the engine's output through (keeping the last lines to explain a failure), and on SIGTERM,
+SIGINT or SIGHUP drains: 503 to new requests and to ``/health``, the grace period for those in
+flight, an error event for the streams still open after it, then the engine's whole process
+group stopped and reaped, within the grace period plus about 7 seconds. A second signal cuts
+the drain short.
+
+Exit codes (``ServeExit``): 0 a signal stopped it and every request in flight finished; 3 the
+engine failed at start for lack of memory; 4 the engine failed otherwise, at start or while
+serving; 6 a signal stopped it and requests still in flight when the grace period ran out (or
+a second signal came) were ended with an error.
 """
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import contextlib
-import os
+import enum
 import signal
+import socket
 import subprocess
 import sys
-import tempfile
-from collections.abc import Callable, Sequence
-from pathlib import Path
-from typing import IO
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import IO, TYPE_CHECKING, Any, Final
 
+from oominfer.engines.amx import sigill_explanation
 from oominfer.engines.command import engine_argv
 from oominfer.engines.environment import engine_env
+from oominfer.errors import ExitStatus, InvalidSettingError
 from oominfer.planning.document import Plan
 from oominfer.serving.extra import merge_extra
 from oominfer.units import format_bytes
 from oominfer.verify.classify import read_log
-from oominfer.verify.process import kill_group
+from oominfer.verify.process import STOP_SIGNALS, free_port, start_engine, stop
+from oominfer.verify.status import ProbeStatus
+
+if TYPE_CHECKING:
+    from oominfer.serving.front import Front
 
 _KEEP_LINES = 4000
+ENGINE_STOP_S: Final = 4.0
+"""Seconds the engine has to exit after SIGTERM, once the requests are done, before SIGKILL."""
+
+
+class ServeExit(enum.IntEnum):
+    """How ``oominfer serve`` ended: its exit code."""
+
+    DRAINED = 0
+    """A signal stopped it, and every request in flight finished."""
+    DOES_NOT_FIT = ExitStatus.DOES_NOT_FIT
+    """The engine failed at start for lack of memory."""
+    ENGINE_FAILED = ExitStatus.PROBE_FAILED
+    """The engine failed otherwise, at start or while serving."""
+    CUT_SHORT = 6
+    """A signal stopped it; requests still in flight after the grace period (or at a second
+    signal) were ended with an error."""
 
 
 def server_argv(
@@ -36,32 +70,18 @@ def server_argv(
     host: str,
     port: int,
     extra: Sequence[str] = (),
-    api_key: str | None = None,
-    grace_period: int = 30,
     python: str | None = None,
 ) -> list[str]:
     """The engine command for a plan: vLLM's OpenAI server or oominfer's transformers one.
 
-    ``grace_period``: seconds in-flight requests may take to finish after SIGTERM (vLLM's
-    --shutdown-timeout drains instead of aborting them).
+    oominfer drains requests itself (``front``): the engine is stopped only once they are done,
+    so the transformers server's own grace period is kept below the time it is given.
     """
-    argv = engine_argv(
-        plan.model_id,
-        plan.settings,
-        engine=plan.engine,
-        host=host,
-        port=port,
-        python=python or sys.executable,
-        revision=plan.revision,
-    )
-    if api_key:
-        argv += ["--api-key", api_key]
-    extras = merge_extra(plan, extra)
-    if plan.engine == "vllm" and "--shutdown-timeout" not in extras:
-        argv += ["--shutdown-timeout", str(grace_period)]
-    elif plan.engine == "transformers":
-        argv += ["--grace-period", str(grace_period)]
-    return [*argv, *extras]
+    argv = engine_argv(plan.model_id, plan.settings, engine=plan.engine, host=host, port=port,
+                       python=python or sys.executable, revision=plan.revision)  # fmt: skip
+    if plan.engine == "transformers":
+        argv += ["--grace-period", f"{ENGINE_STOP_S / 2:g}"]
+    return [*argv, *merge_extra(plan, extra)]
 
 
 def explain_failure(plan: Plan, log_text: str) -> str | None:
@@ -92,6 +112,126 @@ def explain_failure(plan: Plan, log_text: str) -> str | None:
     return " ".join(said)
 
 
+def bind(host: str, port: int) -> socket.socket:
+    """The public socket, bound before the engine starts (a taken port fails at once).
+
+    Raises:
+        InvalidSettingError: the address cannot be listened on.
+    """
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as err:
+        raise InvalidSettingError(
+            f"cannot listen on {host}:{port}: {err}.",
+            hint="Pass --host an address of this machine.",
+        ) from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as err:
+        sock.close()
+        raise InvalidSettingError(
+            f"cannot listen on {host}:{port}: {err.strerror}.",
+            hint="Pass --port a free port, or stop what listens there.",
+        ) from None
+    sock.set_inheritable(False)
+    return sock
+
+
+def _pass_through(stream: Iterable[str], sink: IO[str], kept: collections.deque[str]) -> None:
+    """Copy the engine's output to ``sink`` as it comes, keeping the last lines."""
+    for line in stream:
+        kept.append(line)
+        with contextlib.suppress(OSError, ValueError):  # a closed terminal must not block it
+            sink.write(line)
+            sink.flush()
+
+
+@dataclass
+class _Session:
+    """One ``serve``: the front, the engine under it, and how it is asked to stop."""
+
+    front: Front
+    proc: subprocess.Popen[Any]
+    grace: float
+    note: Callable[[str], None]
+    address: str
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)
+    hurry: asyncio.Event = field(default_factory=asyncio.Event)
+    signal_name: str = ""
+    engine_failed: bool = False
+
+    def on_signal(self, sig: int) -> None:
+        if self.stopping.is_set():
+            self.hurry.set()
+            return
+        self.signal_name = signal.Signals(sig).name
+        self.stopping.set()
+
+    async def serve(self, sock: socket.socket) -> ServeExit:
+        from oominfer.serving.front import listener
+
+        loop = asyncio.get_running_loop()
+        for sig in (*STOP_SIGNALS, signal.SIGINT):
+            loop.add_signal_handler(sig, self.on_signal, sig)
+        server = listener(self.front)
+        serving = asyncio.ensure_future(server.serve(sockets=[sock]))
+        try:
+            outcome = await self._watch(serving)
+        finally:
+            server.should_exit = True
+            stopped = asyncio.to_thread(stop, self.proc, grace=ENGINE_STOP_S)
+            await asyncio.gather(serving, stopped, return_exceptions=True)
+            await self.front.client.aclose()
+        return outcome
+
+    async def _watch(self, serving: asyncio.Future[None]) -> ServeExit:
+        while not self.stopping.is_set():
+            if serving.done():  # the front could not serve: nothing to drain
+                serving.result()
+                raise RuntimeError("the HTTP front stopped on its own")
+            if self.proc.poll() is not None:
+                self.engine_failed = True
+                self.front.draining = True
+                self.front.cut("The engine stopped before this request finished.")
+                await self.front.wait_idle(1.0)
+                return ServeExit.ENGINE_FAILED
+            if not self.front.ready and await self._engine_healthy():
+                self.front.ready = True
+                self.note(f"Ready: {self.address}")
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.stopping.wait(), 0.25)
+        return await self._drain()
+
+    async def _engine_healthy(self) -> bool:
+        try:
+            return (await self.front.client.get("/health", timeout=2.0)).status_code == 200
+        except Exception:  # not up yet: refused, reset, timed out
+            return False
+
+    async def _drain(self) -> ServeExit:
+        front = self.front
+        front.draining = True
+        self.note(f"Stopping ({self.signal_name}): refusing new requests; waiting up to "
+                  f"{self.grace:g} s for {front.in_flight} in flight.")  # fmt: skip
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.grace
+        while front.in_flight and loop.time() < deadline and not self.hurry.is_set():
+            await asyncio.sleep(0.05)
+        if not front.in_flight:
+            return ServeExit.DRAINED
+        why = "a second signal came" if self.hurry.is_set() else (
+            f"the grace period of {self.grace:g} s ran out")  # fmt: skip
+        cut = front.cut(f"The server stopped before this request finished: {why}.")
+        self.note(f"Ended {cut} request(s) in flight with an error: {why}.")
+        await front.wait_idle(1.0)
+        return ServeExit.CUT_SHORT
+
+
 def run(
     plan: Plan,
     *,
@@ -99,45 +239,69 @@ def run(
     port: int = 8000,
     extra: Sequence[str] = (),
     api_key: str | None = None,
-    grace_period: int = 30,
+    grace_period: float = 30,
     out: IO[str] | None = None,
     on_failure: Callable[[str], None] | None = None,
+    on_note: Callable[[str], None] | None = None,
+    python: str | None = None,
 ) -> int:
-    """Serve ``plan`` in the foreground; returns the engine's exit status."""
-    argv = server_argv(
-        plan, host=host, port=port, extra=extra, api_key=api_key, grace_period=grace_period
-    )
-    workdir = Path(tempfile.mkdtemp(prefix="oominfer-serve-"))
-    env = engine_env(plan.settings, device=plan.device, workdir=workdir)
+    """Serve ``plan`` in the foreground until a signal or the engine's end; returns the exit
+    code (``ServeExit``). ``python`` runs the engine (default: this interpreter).
+
+    Raises:
+        InvalidSettingError: the public address cannot be listened on, or extra flags
+            contradict the plan.
+    """
+    from oominfer.serving.front import Front
+
     sink = out or sys.stdout
-    proc = subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True,
-        start_new_session=True, bufsize=1,
-    )  # fmt: skip
 
-    def forward(signum: int, frame: object) -> None:
-        # To the server process only: it drains in-flight requests and stops its own
-        # engine processes; signalling the whole group would kill the engine under it.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(proc.pid, signum)
-
-    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
-    kept: collections.deque[str] = collections.deque(maxlen=_KEEP_LINES)
-    try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            sink.write(line)
+    def note(line: str) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            sink.write(line + "\n")
             sink.flush()
-            kept.append(line)
-        status = proc.wait()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        kill_group(proc.pid, grace=grace_period + 10.0)
-    if status not in (0, -signal.SIGTERM, -signal.SIGINT) and on_failure is not None:
-        why = explain_failure(plan, "".join(kept))
-        if why:
-            on_failure(why)
-    if status < 0:  # killed by a signal we forwarded: a clean stop
-        return 0 if -status in (signal.SIGTERM, signal.SIGINT) else 128 - status
-    return status
+
+    say = on_note or note
+    private = free_port()
+    argv = server_argv(plan, host="127.0.0.1", port=private, extra=extra, python=python)
+    kept: collections.deque[str] = collections.deque(maxlen=_KEEP_LINES)
+    shown = f"[{host}]" if ":" in host else host
+    with contextlib.closing(bind(host, port)) as sock:
+        built = engine_env(plan.settings, device=plan.device, engine=plan.engine, api_key=api_key)
+        if built.note:
+            say(built.note)
+        proc = start_engine(argv, env=built.env, stdout=subprocess.PIPE, text=True)
+        assert proc.stdout is not None
+        reader = threading.Thread(target=_pass_through, args=(proc.stdout, sink, kept),
+                                  daemon=True)  # fmt: skip
+        reader.start()
+        session = _Session(front=Front(private), proc=proc, grace=grace_period, note=say,
+                           address=f"http://{shown}:{port}")  # fmt: skip
+        try:
+            outcome = asyncio.run(session.serve(sock))
+        finally:
+            status = stop(proc, grace=ENGINE_STOP_S)
+            reader.join(timeout=5)
+    if not session.engine_failed:
+        return int(outcome)
+    return int(_engine_failure(plan, status, "".join(kept), on_failure))
+
+
+def _engine_failure(
+    plan: Plan, status: int, log_text: str, on_failure: Callable[[str], None] | None
+) -> ServeExit:
+    """The exit code for an engine that stopped on its own, and why, told to ``on_failure``."""
+    facts = read_log(log_text)
+    code = ServeExit.ENGINE_FAILED
+    if status == -signal.SIGILL or facts.status is ProbeStatus.ILLEGAL_INSTRUCTION:
+        said = sigill_explanation(facts.detail)
+        why: str | None = said[:1].upper() + said[1:]
+    else:
+        why = explain_failure(plan, log_text)
+        if why is not None:
+            code = ServeExit.DOES_NOT_FIT
+        else:
+            why = f"The engine exited with status {status}; its output is above."
+    if on_failure is not None and why:
+        on_failure(why)
+    return code

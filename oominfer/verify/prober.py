@@ -7,6 +7,8 @@ timeout, Ctrl-C): no engine process outlives oominfer.
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import subprocess
 import sys
 import tempfile
@@ -16,13 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from oominfer.engines.amx import sigill_explanation
 from oominfer.engines.command import engine_argv
 from oominfer.engines.environment import engine_env
 from oominfer.engines.installed import engine_version
 from oominfer.settings import Device, Engine, VllmSettings
 from oominfer.verify.classify import read_log
 from oominfer.verify.load_test import healthy, load_test
-from oominfer.verify.process import free_port, group_rss_bytes, kill_group, track
+from oominfer.verify.process import free_port, group_rss_bytes, start_engine, stop
 from oominfer.verify.status import LogFacts, ProbeStatus
 
 
@@ -63,7 +66,13 @@ class EngineProber:
     """Called every few seconds with (elapsed seconds, phase read from the log)."""
     on_launch: Callable[[int, list[str], Path], None] | None = None
     """Called at each launch with (launch number, argv, log path)."""
+    on_note: Callable[[str], None] | None = None
+    """Called once with a line about how the engine is started (the AMX workaround)."""
     launches: int = 0
+    poll_seconds: float = 0.5
+    """How often the watcher reads the log and asks /health."""
+    stop_grace_seconds: float = 10.0
+    """Seconds the engine has to exit after SIGTERM before SIGKILL."""
     extra_args: tuple[str, ...] = ()
     """Flags appended to the engine's command line (benchmarks compare vLLM's own recipes)."""
     revision: str | None = None
@@ -82,21 +91,20 @@ class EngineProber:
         argv = engine_argv(model, settings, engine=engine, port=port, python=self.python,
                            revision=self.revision)  # fmt: skip
         argv += self.extra_args
-        env = engine_env(settings, device=device, workdir=self.workdir)
+        built = engine_env(settings, device=device, engine=engine)
+        if built.note and self.on_note and self.launches == 1:
+            self.on_note(built.note)
         if self.on_launch:
             self.on_launch(self.launches, argv, log_path)
         start = time.monotonic()
         with log_path.open("wb") as log:
             log.write(("$ " + " ".join(argv) + "\n").encode())
             log.flush()
-            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                    start_new_session=True)  # fmt: skip
-        track(proc.pid)
+            proc = start_engine(argv, env=built.env, stdout=log)
         try:
             return self._watch(proc, log_path, settings, engine, port, start)
         finally:
-            kill_group(proc.pid)
-            proc.wait()
+            stop(proc, grace=self.stop_grace_seconds)
 
     def _watch(
         self,
@@ -111,10 +119,10 @@ class EngineProber:
         last_report = 0.0
         version = engine_version(engine)
 
-        def result(status: ProbeStatus, facts: LogFacts, **kw: Any) -> ProbeResult:
+        def result(status: ProbeStatus, detail: str, facts: LogFacts, **kw: Any) -> ProbeResult:
             return ProbeResult(status=status, settings=settings, log_path=log_path, facts=facts,
                                seconds=time.monotonic() - start, peak_rss_bytes=peak or None,
-                               engine_version=version, **kw)  # fmt: skip
+                               engine_version=version, detail=detail, **kw)  # fmt: skip
 
         while True:
             elapsed = time.monotonic() - start
@@ -125,26 +133,37 @@ class EngineProber:
                 self.on_progress(elapsed, facts.phase)
                 last_report = elapsed
             if facts.status is not None and facts.status is not ProbeStatus.READY:
-                return result(facts.status, facts, detail=facts.detail)
+                return result(*_failure(facts, proc.poll(), ""), facts)
             if proc.poll() is not None:
                 facts = read_log(log_path.read_text(errors="replace"))
-                status = facts.status if facts.status not in (None, ProbeStatus.READY) else (
-                    ProbeStatus.CRASHED)  # fmt: skip
-                detail = facts.detail or f"the engine exited with status {proc.returncode}"
-                return result(status, facts, detail=detail)
+                said = f"the engine exited with status {proc.returncode}"
+                return result(*_failure(facts, proc.returncode, said), facts)
             if healthy(port):
                 if self.on_progress:
                     self.on_progress(elapsed, "loading at the plan's limits")
                 ok, error = load_test(port, settings)
                 peak = max(peak, group_rss_bytes(proc.pid))
                 facts = read_log(log_path.read_text(errors="replace"))
-                if error:
-                    status = facts.status if facts.status not in (None, ProbeStatus.READY) else (
-                        ProbeStatus.CRASHED)  # fmt: skip
-                    return result(status, facts, requests_ok=ok, detail=error)
-                return result(ProbeStatus.READY, facts, requests_ok=ok)
+                if error:  # a dying engine fails the requests first: let it finish dying
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        proc.wait(timeout=5.0)
+                    facts = read_log(log_path.read_text(errors="replace"))
+                    return result(*_failure(facts, proc.poll(), error), facts, requests_ok=ok)
+                return result(ProbeStatus.READY, "", facts, requests_ok=ok)
             if elapsed > self.deadline_seconds:
-                return result(ProbeStatus.TIMEOUT, facts,
-                              detail=f"not ready after {self.deadline_seconds:.0f} s "
-                              f"(last phase: {facts.phase})")  # fmt: skip
-            time.sleep(0.5)
+                said = f"not ready after {self.deadline_seconds:.0f} s (last phase: {facts.phase})"
+                return result(ProbeStatus.TIMEOUT, said, facts)
+            time.sleep(self.poll_seconds)
+
+
+def _failure(facts: LogFacts, returncode: int | None, said: str) -> tuple[ProbeStatus, str]:
+    """The status and explanation of a launch that failed.
+
+    The log's own failure line wins; an engine killed by SIGILL (the exit status, or a worker's
+    line the classifier read) is ILLEGAL_INSTRUCTION with its explanation; anything else that
+    ended the engine is CRASHED.
+    """
+    status = facts.status if facts.status not in (None, ProbeStatus.READY) else None
+    if returncode == -signal.SIGILL or status is ProbeStatus.ILLEGAL_INSTRUCTION:
+        return ProbeStatus.ILLEGAL_INSTRUCTION, sigill_explanation(facts.detail)
+    return status or ProbeStatus.CRASHED, facts.detail or said

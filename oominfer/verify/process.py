@@ -1,7 +1,9 @@
-"""Engine processes: free ports, process groups, their memory, and killing them all.
+"""Engine processes: starting them on a lifeline, their memory, and killing them all.
 
-Every engine runs in its own process group; the groups this process started are kept in
-``_LIVE`` and killed at exit, on SIGTERM and on Ctrl-C, so no engine outlives oominfer.
+Every engine runs in its own process group under the lifeline supervisor
+(``oominfer/verify/lifeline.py``), which stops the group when this process dies, however it
+dies. The groups this process started are also kept in ``_LIVE`` and killed at exit, on
+SIGTERM, SIGHUP and Ctrl-C, so no engine outlives oominfer.
 """
 
 from __future__ import annotations
@@ -11,12 +13,22 @@ import contextlib
 import os
 import signal
 import socket
+import subprocess
+import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import IO, Any
+
+LIFELINE = Path(__file__).with_name("lifeline.py")
 
 _LIVE: set[int] = set()
 """Process groups this process started and has not reaped yet."""
+_LIFELINES: dict[int, int] = {}
+"""Process group -> the write end of its lifeline pipe (closing it stops the group)."""
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+"""Signals that stop oominfer as Ctrl-C does (SIGHUP: the terminal closed)."""
 
 
 def track(pgid: int) -> None:
@@ -31,16 +43,58 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def start_engine(
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    stdout: int | IO[Any] | None,
+    text: bool = False,
+    cwd: str | None = None,
+) -> subprocess.Popen[Any]:
+    """Start ``argv`` in its own process group, on a lifeline to this process.
+
+    The process returned is the lifeline supervisor: it leads the group, exits with the
+    engine's status (a signal that killed the engine is re-raised), and stops the engine's
+    whole tree when the engine exits or when this process dies. Standard error goes with
+    standard output; standard input is /dev/null.
+    """
+    read_end, write_end = os.pipe()
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", str(LIFELINE), str(read_end), *argv],
+            stdin=subprocess.DEVNULL, stdout=stdout, stderr=subprocess.STDOUT, env=dict(env),
+            pass_fds=(read_end,), start_new_session=True, text=text, cwd=cwd,
+            bufsize=1 if text else -1,
+        )  # fmt: skip
+    except BaseException:
+        os.close(write_end)
+        raise
+    finally:
+        os.close(read_end)
+    _LIFELINES[proc.pid] = write_end
+    track(proc.pid)
+    return proc
+
+
 def kill_group(pgid: int, *, grace: float = 10.0) -> None:
-    """SIGTERM a process group, then SIGKILL what is left after ``grace`` seconds."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and _group_alive(pgid):
-        time.sleep(0.2)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
+    """SIGTERM a process group, then SIGKILL what is left after ``grace`` seconds, and wait
+    (a few seconds at most) until the kernel has ended them."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, sig)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and _group_alive(pgid):
+            time.sleep(0.05)
     _LIVE.discard(pgid)
+    write_end = _LIFELINES.pop(pgid, None)
+    if write_end is not None:
+        os.close(write_end)
+
+
+def stop(proc: subprocess.Popen[Any], *, grace: float = 10.0) -> int:
+    """Stop an engine started by ``start_engine`` and reap it; returns its exit status."""
+    kill_group(proc.pid, grace=grace)
+    return proc.wait()
 
 
 def _group_alive(pgid: int) -> bool:
@@ -48,10 +102,10 @@ def _group_alive(pgid: int) -> bool:
         os.killpg(pgid, 0)
     except (ProcessLookupError, PermissionError):
         return False
-    return bool(_group_pids(pgid))
+    return bool(group_pids(pgid))
 
 
-def _group_pids(pgid: int) -> list[int]:
+def group_pids(pgid: int) -> list[int]:
     """Live (non-zombie) processes of a group, from /proc."""
     pids = []
     for entry in Path("/proc").iterdir():
@@ -68,10 +122,13 @@ def _group_pids(pgid: int) -> list[int]:
 
 
 def group_rss_bytes(pgid: int) -> int:
-    """Resident memory of every process of a group, summed."""
+    """Resident memory of the engine's processes in a group, summed (its leader, the lifeline
+    supervisor, is not the engine's)."""
     total = 0
     page = os.sysconf("SC_PAGE_SIZE")
-    for pid in _group_pids(pgid):
+    for pid in group_pids(pgid):
+        if pid == pgid:
+            continue
         with contextlib.suppress(OSError, ValueError, IndexError):
             total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * page
     return total
@@ -88,14 +145,15 @@ atexit.register(kill_all)
 
 @contextlib.contextmanager
 def interrupts_kill_engines() -> Iterator[None]:
-    """Turn SIGTERM into KeyboardInterrupt so the probes' finally blocks run."""
+    """Turn SIGTERM and SIGHUP into KeyboardInterrupt so the probes' finally blocks run."""
 
     def _raise(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, _raise)
+    previous = {sig: signal.signal(sig, _raise) for sig in STOP_SIGNALS}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         kill_all()
