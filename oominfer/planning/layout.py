@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Final
 
@@ -10,7 +11,7 @@ from oominfer.engines.vllm.rules.parallel import tensor_parallel_refusal
 from oominfer.hardware.hardware import Hardware
 from oominfer.model.spec import ModelSpec
 from oominfer.planning.constraints import Constraints
-from oominfer.settings import ExecutorBackend
+from oominfer.settings import ExecutorBackend, VllmSettings
 
 TENSOR_PARALLEL_SIZES: Final = (1, 2, 4, 8, 16)
 """The tensor-parallel sizes planned: powers of two, as NCCL and vLLM's custom all-reduce
@@ -56,6 +57,16 @@ def layouts(spec: ModelSpec, hardware: Hardware, c: Constraints) -> list[Layout]
 def executor_backend(layout: Layout, c: Constraints) -> ExecutorBackend | None:
     """vLLM's executor for this layout (engines/vllm/rules/parallel.py)."""
     return parallel_rules.executor_backend(layout.world_size, c.gpus_per_node)
+
+
+def on_layout(settings: VllmSettings, layout: Layout, c: Constraints) -> VllmSettings:
+    """``settings`` spread over ``layout`` (with the executor it needs)."""
+    return dataclasses.replace(
+        settings,
+        tensor_parallel_size=layout.tp,
+        pipeline_parallel_size=layout.pp,
+        distributed_executor_backend=executor_backend(layout, c),
+    )
 
 
 def replicas(layout: Layout, hardware: Hardware) -> int:

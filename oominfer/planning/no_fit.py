@@ -18,7 +18,7 @@ from oominfer.model.load import load_spec
 from oominfer.model.spec import ModelSpec, QuantSpec
 from oominfer.planning.constraints import Constraints
 from oominfer.planning.costs import WEIGHT_ONLY_FP8
-from oominfer.planning.layout import layouts
+from oominfer.planning.layout import layouts, on_layout
 from oominfer.planning.search import (
     anything_fits,
     candidates,
@@ -36,13 +36,15 @@ def _closest(spec: ModelSpec, hardware: Hardware, c: Constraints) -> MemoryBreak
     """The most that fits: the widest layout, the smallest formats, eager, one sequence at
     the floor."""
     widest = max(layouts(spec, hardware, c), key=lambda layout: layout.world_size)
-    settings = dataclasses.replace(
-        default_settings(spec, hardware, c),
-        max_model_len=c.floor(spec.max_position_embeddings),
-        max_num_seqs=1,
-        enforce_eager=not hardware.is_cpu and c.engine == "vllm",
-        tensor_parallel_size=widest.tp,
-        pipeline_parallel_size=widest.pp,
+    settings = on_layout(
+        dataclasses.replace(
+            default_settings(spec, hardware, c),
+            max_model_len=c.floor(spec.max_position_embeddings),
+            max_num_seqs=1,
+            enforce_eager=not hardware.is_cpu and c.engine == "vllm",
+        ),
+        widest,
+        c,
     )
     return estimate_for(spec, hardware, settings, c)
 

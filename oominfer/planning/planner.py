@@ -23,7 +23,7 @@ from oominfer.memory.breakdown import MemoryBreakdown
 from oominfer.model.spec import ModelSpec
 from oominfer.planning.constraints import Constraints, Prefer
 from oominfer.planning.document import Alternative, Concurrency, Lever
-from oominfer.planning.layout import executor_backend, layouts
+from oominfer.planning.layout import layouts, on_layout
 from oominfer.planning.levers import explain
 from oominfer.planning.no_fit import does_not_fit
 from oominfer.planning.objective import best, costs
@@ -156,13 +156,7 @@ def _defaults_that_fit(spec: ModelSpec, hardware: Hardware, c: Constraints) -> C
     """vLLM's defaults on the fewest GPUs where they fit at full context, or None."""
     defaults = default_settings(spec, hardware, c)
     for layout in layouts(spec, hardware, c):
-        settings = dataclasses.replace(
-            defaults,
-            tensor_parallel_size=layout.tp,
-            pipeline_parallel_size=layout.pp,
-            distributed_executor_backend=executor_backend(layout, c),
-        )
-        found = settle(spec, hardware, c, settings, layout)
+        found = settle(spec, hardware, c, on_layout(defaults, layout, c), layout)
         if found is not None and found.context == defaults.max_model_len:
             return found
     return None

@@ -24,7 +24,7 @@ from oominfer.memory.profile import vllm_defaults
 from oominfer.model.spec import ModelSpec
 from oominfer.planning.constraints import Constraints
 from oominfer.planning.costs import WEIGHT_ONLY_FP8
-from oominfer.planning.layout import Layout, executor_backend, layouts, replicas
+from oominfer.planning.layout import Layout, executor_backend, layouts, on_layout, replicas
 from oominfer.settings import KvCacheDtype, Quantization, VllmSettings
 from oominfer.units import GiB, MiB
 
@@ -273,12 +273,13 @@ def with_offload(spec: ModelSpec, hardware: Hardware, c: Constraints) -> list[Ca
     is mostly a copy over PCIe)."""
     cap = min(spec.max_position_embeddings, c.max_model_len or spec.max_position_embeddings)
     widest = max(layouts(spec, hardware, c), key=lambda layout: layout.world_size)
-    base = dataclasses.replace(
-        default_settings(spec, hardware, c),
-        enforce_eager=not hardware.is_cpu and c.engine == "vllm",
-        tensor_parallel_size=widest.tp,
-        pipeline_parallel_size=widest.pp,
-        distributed_executor_backend=executor_backend(widest, c),
+    base = on_layout(
+        dataclasses.replace(
+            default_settings(spec, hardware, c),
+            enforce_eager=not hardware.is_cpu and c.engine == "vllm",
+        ),
+        widest,
+        c,
     )
     for length in dict.fromkeys((cap, c.floor(spec.max_position_embeddings))):
         settings = dataclasses.replace(base, max_model_len=length)
