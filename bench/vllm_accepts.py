@@ -26,6 +26,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
@@ -52,7 +53,8 @@ def main() -> None:
     if args.models:
         keep = sorted({c.model_id for c in cases})[: args.models]
         cases = [c for c in cases if c.model_id in keep]
-    reports = validate(cases, pythons=pythons)
+    with tempfile.TemporaryDirectory(prefix="oominfer-vllm-accepts-") as tmp:
+        reports = validate(cases, pythons=pythons, workdir=Path(tmp))
     first = reports[0]
     print(f"{len(cases)} cases; {len(first.skipped)} have no vLLM plan (do not fit); "
           f"{len(first.verdicts)} plans validated in {first.seconds:.0f} s\n")  # fmt: skip
