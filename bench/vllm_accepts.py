@@ -16,6 +16,9 @@ torch when installed without its dependencies in a venv that borrows the project
     /work/.venvs/vllm-0.33/bin/pip install --no-deps vllm==0.33.0
     echo "$PWD/.venv/lib/python3.11/site-packages" \\
         > /work/.venvs/vllm-0.33/lib/python3.11/site-packages/zz_project.pth
+    /work/.venvs/vllm-0.33/bin/pip install ray   # optional: plans across nodes need it
+
+Without Ray, a plan with ``--distributed-executor-backend ray`` is inconclusive.
 """
 
 from __future__ import annotations

@@ -45,8 +45,9 @@ What is patched to make a CPU machine look like a CUDA host, each for a reason:
 - Model construction: every tensor on the meta device, explicit ``cuda`` ones included; the
   custom ops' ``torch.compile`` wrapping and the weight-reload bookkeeping are skipped.
 
-An error that comes from one of these stand-ins, or from FlashInfer missing here (vLLM's
-CUDA install brings it, and the attention backend chosen without it differs), is
+An error that comes from one of these stand-ins, from FlashInfer missing here (vLLM's CUDA
+install brings it, and the attention backend chosen without it differs), or from Ray missing
+(vLLM's image carries it; ``--distributed-executor-backend ray`` needs it importable) is
 "inconclusive", not a rejection.
 """
 
@@ -441,7 +442,10 @@ def _inconclusive(exc: BaseException) -> str | None:
     for limit in _HARNESS_LIMITS:
         if limit in text:
             return f"a part of a GPU host this machine lacks ({limit})"
-    attention = any("/v1/attention/" in f.filename for f in traceback.extract_tb(exc.__traceback__))
+    files = [f.filename for f in traceback.extract_tb(exc.__traceback__)]
+    if "Failed to import Ray" in text or any("/executor/ray" in f for f in files):
+        return "Ray, which vLLM's image carries for plans across nodes, is not installed here"
+    attention = any("/v1/attention/" in f for f in files)
     if attention:
         try:
             import flashinfer  # noqa: F401
