@@ -7,6 +7,8 @@ quotes in ../shared/calibration/vllm_memory_logs.jsonl are checked against their
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 import json
 from pathlib import Path
 from typing import Any
@@ -42,12 +44,27 @@ EXPECTED: dict[str, tuple[ProbeStatus, int | None, bool]] = {
     "insufficient_free_memory_cuda1.txt": (ProbeStatus.INSUFFICIENT_FREE_MEMORY, None, False),
     "unsupported_architecture.txt": (ProbeStatus.UNSUPPORTED, None, False),
     "startup_complete_vllm_cpu.txt": (ProbeStatus.READY, None, False),
+    # vLLM leaves the estimate out when it is 0: still the KV cache, no length to retry.
+    "kv_too_small_no_estimate.txt": (ProbeStatus.KV_CACHE_TOO_SMALL, None, False),
+    "worker_died_sigill.txt": (ProbeStatus.ILLEGAL_INSTRUCTION, None, False),
+    "cpu_kv_allocation_insufficient_free_memory.txt": (
+        ProbeStatus.INSUFFICIENT_FREE_MEMORY,
+        None,
+        False,
+    ),
+    "cpu_kv_allocation_negative_0.32.txt": (ProbeStatus.NO_KV_MEMORY, None, False),
+    "cpu_worker_reservation_full_0.33.txt": (ProbeStatus.NO_KV_MEMORY, None, False),
 }
 
 
 def test_every_data_log_is_covered() -> None:
     """Each file under data/vllm_logs has an expectation here (or a test of its own below)."""
-    extra = {"cuda_oom_611mib_unallocated.txt"}  # tested on its own below
+    # tested on their own below
+    extra = {
+        "cuda_oom_611mib_unallocated.txt",
+        "not_supported_warnings.txt",
+        "pcie_custom_allreduce_warning.txt",
+    }
     on_disk = {p.name for p in LOGS.glob("*.txt")}
     assert on_disk == set(EXPECTED) | extra
 
@@ -204,3 +221,121 @@ def test_cpu_error_lines_file() -> None:
 
 def test_v0_log_phase_advances() -> None:
     assert read_log(log_text("kv_too_small_old_23648.txt")).phase != "starting"
+
+
+# ---- warnings are not failures ---------------------------------------------------------
+
+
+def not_supported_warnings() -> dict[str, list[str]]:
+    """vLLM version -> the "not supported" texts it logs at WARNING or INFO level."""
+    sections: dict[str, list[str]] = {}
+    for line in log_text("not_supported_warnings.txt").splitlines():
+        if line.startswith("## vllm "):
+            current = sections.setdefault(line.removeprefix("## vllm "), [])
+        elif line.strip():
+            current.append(line)
+    return sections
+
+
+WARNINGS = not_supported_warnings()
+WARNING_TEXTS = sorted({text for texts in WARNINGS.values() for text in texts})
+
+
+def _healthy_log_with(record: str) -> tuple[str, str]:
+    """The real vllm-cpu startup with ``record`` printed before the server starts: the whole
+    log, and the log up to that record (the engine still starting)."""
+    lines = log_text("startup_complete_vllm_cpu.txt").splitlines()
+    at = next(i for i, line in enumerate(lines) if "Loading weights took" in line) + 1
+    lines.insert(at, record)
+    return "\n".join(lines) + "\n", "\n".join(lines[: at + 1]) + "\n"
+
+
+def test_warning_texts_of_both_versions_are_there() -> None:
+    assert set(WARNINGS) == {"0.32.0", "0.33.0"}
+    assert all(len(texts) >= 60 for texts in WARNINGS.values())
+    assert any("PCIe-only GPUs" in text for text in WARNING_TEXTS)
+
+
+@pytest.mark.parametrize("text", WARNING_TEXTS)
+@pytest.mark.parametrize("level", ["WARNING", "INFO"])
+def test_not_supported_warning_leaves_a_healthy_engine_ready(text: str, level: str) -> None:
+    """Each "not supported" text vLLM 0.32/0.33 logs below ERROR, in vLLM's record format,
+    in a healthy startup: READY, and no verdict while the engine is still starting."""
+    record = f"(EngineCore_DP0 pid=4242) {level} 11-22 03:05:50 [custom_all_reduce.py:154] {text}"
+    whole, starting = _healthy_log_with(record)
+    assert read_log(whole).status is ProbeStatus.READY, read_log(whole).detail
+    assert read_log(starting).status is None
+
+
+def test_real_pcie_warning_leaves_a_healthy_engine_ready() -> None:
+    """The warning every 4xL4 / 4xA10G node prints (old record format, from an issue)."""
+    whole, starting = _healthy_log_with(log_text("pcie_custom_allreduce_warning.txt").strip())
+    assert read_log(whole).status is ProbeStatus.READY
+    assert read_log(starting).status is None
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "(EngineCore_DP0 pid=1) WARNING 11-22 03:05:50 [cuda.py:9] CUDA out of memory is "
+        "likely with these settings",
+        "\x1b[33m(EngineCore_DP0 pid=1) WARNING 11-22 03:05:50 [x.py:1] Quantization "
+        "is not supported for this layer\x1b[0m",
+        "INFO:     Unknown quantization header ignored",
+        "/venv/lib/python3.11/site-packages/vllm/x.py:24: UserWarning: fp8 is not supported on "
+        "this device",
+        "[transformers] `rope_scaling` is not supported by this config and will be ignored",
+    ],
+)
+def test_quiet_records_never_fail_whatever_they_say(line: str) -> None:
+    """WARNING/INFO records (ANSI colours too), uvicorn's INFO, Python warnings and
+    transformers' notes are not failures, even with a failure's words in them."""
+    whole, starting = _healthy_log_with(line)
+    assert read_log(whole).status is ProbeStatus.READY
+    assert read_log(starting).status is None
+
+
+@pytest.mark.parametrize(
+    ("line", "status"),
+    [
+        ("(EngineCore_DP0 pid=1) ERROR 11-22 03:05:50 [core.py:9] ValueError: Head size 72 "
+         "is not supported by any attention backend", ProbeStatus.UNSUPPORTED),
+        ("[rank0]: NotImplementedError: fp8 does not support this layer",
+         ProbeStatus.UNSUPPORTED),
+        ("(EngineCore_DP0 pid=1) CRITICAL 11-22 03:05:50 [x.py:9] Unknown quantization "
+         "method: foo", ProbeStatus.UNSUPPORTED),
+        ("Process EngineCore_DP0 (PID: 7) died with exit code -4",
+         ProbeStatus.ILLEGAL_INSTRUCTION),
+    ],
+)  # fmt: skip
+def test_error_lines_still_fail(line: str, status: ProbeStatus) -> None:
+    """The same words on an ERROR record or an exception line do fail the engine."""
+    whole, _ = _healthy_log_with(line)
+    facts = read_log(whole)
+    assert facts.status is status
+    assert facts.detail in line
+
+
+def _installed_version() -> str:
+    for name in ("vllm", "vllm-cpu"):
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return "?"
+
+
+@pytest.mark.slow
+def test_warning_texts_match_the_installed_vllm() -> None:
+    """The data file holds every such text of the installed vLLM (read from its source, with
+    tests/vllm_warnings.py): a vLLM upgrade that adds one shows here."""
+    from vllm_warnings import logged_texts
+
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("vLLM is not installed")
+    root = Path(next(iter(spec.submodule_search_locations)))
+    version = _installed_version()
+    found = logged_texts(root)
+    assert version in WARNINGS, f"add a '## vllm {version}' section (tests/vllm_warnings.py)"
+    assert set(found) <= set(WARNINGS[version]), sorted(set(found) - set(WARNINGS[version]))
