@@ -227,7 +227,7 @@ def test_quantized_weights_lower_than_bf16(model_id: str, max_bytes_per_param: f
     assert q_bytes / quantized.params.total < max_bytes_per_param
     engine = "transformers" if quantized.quantization.method == "bitsandbytes" else "vllm"
     hardware = Hardware(gpu=H200, count=8)
-    settings = VllmSettings(tensor_parallel_size=8, max_model_len=4096)
+    settings = VllmSettings(tensor_parallel_size=4, max_model_len=4096)
     b = estimate(quantized, hardware=hardware, settings=settings, engine=engine)
     plain_b = estimate(plain, hardware=hardware, settings=settings, engine=engine)
     assert b.weights_bytes < plain_b.weights_bytes

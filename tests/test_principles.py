@@ -25,7 +25,8 @@ from oominfer.model.load import load_spec
 from oominfer.model.spec import ModelSpec
 from oominfer.planning.constraints import Constraints
 from oominfer.planning.layout import layouts, on_layout, replicas
-from oominfer.planning.planner import PlanResult, _check_checkpoint, plan
+from oominfer.planning.planner import PlanResult, plan
+from oominfer.planning.refusals import check_checkpoint, engine_for
 from oominfer.planning.search import (
     CHUNK_STEPS,
     default_settings,
@@ -124,11 +125,17 @@ def test_do_no_harm_when_vllms_defaults_fit(model: str) -> None:
 
 def _do_no_harm_when_vllms_defaults_fit(model: str, gpu: str, count: int) -> None:
     s, hardware = spec(model), Hardware.from_gpu(gpu, count)
-    defaults = default_settings(s, hardware, C)
-    for layout in layouts(s, hardware, C):
-        trial = on_layout(defaults, layout, C)
+    c, _ = engine_for(s, C)  # a bitsandbytes checkpoint goes to the transformers engine
+    try:
+        check_checkpoint(s, hardware, c)
+    except InvalidSettingError:
+        assert planned(model, gpu, count) is None
+        return  # vLLM cannot run the checkpoint here
+    defaults = default_settings(s, hardware, c)
+    for layout in layouts(s, hardware, c):
+        trial = on_layout(defaults, layout, c)
         try:
-            fits = estimate_for(s, hardware, trial, C).fits
+            fits = estimate_for(s, hardware, trial, c).fits
         except InvalidSettingError:
             return  # vLLM cannot run the checkpoint here
         if fits:
@@ -201,7 +208,7 @@ def _a_model_that_does_not_fit_names_ways_out_that_fit(model: str, gpu: str, cou
     if planned(model, gpu, count) is not None:
         return
     try:
-        _check_checkpoint(spec(model), Hardware.from_gpu(gpu, count), C)
+        check_checkpoint(spec(model), Hardware.from_gpu(gpu, count), engine_for(spec(model), C)[0])
     except InvalidSettingError:
         return  # vLLM cannot run the checkpoint here: no question of fitting
     with pytest.raises(DoesNotFitError) as info:

@@ -293,7 +293,13 @@ def _quant_spec(qc: ConfigReader | None, model_id: str) -> QuantSpec | None:
             if not bits:
                 raise qc.invalid("bits", bits, "a positive number of bits")
             name = "gptq" if method.startswith("auto") else method.removesuffix("_marlin")
-            return QuantSpec(method=name, bits=bits, group_size=group)
+            return QuantSpec(
+                method=name,
+                bits=bits,
+                group_size=group,
+                desc_act=qc.flag("desc_act", False),
+                symmetric=qc.flag("sym", True),
+            )
         case "fp8" | "fbgemm_fp8":
             return QuantSpec(method=method, bits=8)
         case "mxfp4":

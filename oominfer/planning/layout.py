@@ -46,6 +46,8 @@ def layouts(spec: ModelSpec, hardware: Hardware, c: Constraints) -> list[Layout]
         for tp in TENSOR_PARALLEL_SIZES
         if tp <= per_node and tensor_parallel_refusal(spec, tp) is None
     ]
+    if not tps:
+        return []  # not even one GPU: vLLM cannot shard this checkpoint at all
     found = [Layout(tp, 1) for tp in tps]
     widest = max(tps)
     found += [

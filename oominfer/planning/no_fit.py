@@ -10,7 +10,7 @@ import dataclasses
 import math
 from collections.abc import Iterator
 
-from oominfer.errors import DoesNotFitError, ModelError
+from oominfer.errors import DoesNotFitError, InvalidSettingError, ModelError
 from oominfer.hardware.hardware import Hardware
 from oominfer.memory.breakdown import MemoryBreakdown
 from oominfer.model.catalog import quantized_siblings
@@ -19,6 +19,7 @@ from oominfer.model.spec import ModelSpec, QuantSpec
 from oominfer.planning.constraints import Constraints
 from oominfer.planning.costs import WEIGHT_ONLY_FP8
 from oominfer.planning.layout import layouts, on_layout
+from oominfer.planning.refusals import check_checkpoint
 from oominfer.planning.search import (
     anything_fits,
     candidates,
@@ -60,7 +61,8 @@ def _ways_out(spec: ModelSpec, hardware: Hardware, c: Constraints) -> Iterator[s
     for name in quantized_siblings(spec):
         try:
             sibling = load_spec(name)
-        except ModelError:
+            check_checkpoint(sibling, hardware, c)
+        except (ModelError, InvalidSettingError):
             continue
         if anything_fits(sibling, hardware, c) and sibling.quantization is not None:
             q = sibling.quantization
@@ -73,7 +75,7 @@ def _ways_out(spec: ModelSpec, hardware: Hardware, c: Constraints) -> Iterator[s
                 quantization=QuantSpec(method="awq", bits=4, group_size=128),
                 checkpoint=dataclasses.replace(spec.checkpoint, total_bytes=None),
             )
-            if anything_fits(four_bit, hardware, c):
+            if layouts(four_bit, hardware, c) and anything_fits(four_bit, hardware, c):
                 yield "a 4-bit (AWQ/GPTQ, int4) checkpoint of this model"
     if c.prefer not in WEIGHT_ONLY_FP8 and c.quantizes_weights and not hardware.gpu.supports_fp8:
         context = dataclasses.replace(c, prefer="context")

@@ -15,8 +15,6 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from oominfer.engines.vllm.rules import quantization as quantization_rules
-from oominfer.engines.vllm.rules.dtypes import compute_dtype
 from oominfer.errors import InvalidSettingError
 from oominfer.hardware.hardware import Hardware
 from oominfer.memory.breakdown import MemoryBreakdown
@@ -27,6 +25,7 @@ from oominfer.planning.layout import layouts, on_layout
 from oominfer.planning.levers import explain
 from oominfer.planning.no_fit import does_not_fit
 from oominfer.planning.objective import best, costs
+from oominfer.planning.refusals import check_checkpoint, engine_for
 from oominfer.planning.search import (
     Candidate,
     candidates,
@@ -72,8 +71,8 @@ def plan(spec: ModelSpec, hardware: Hardware, constraints: Constraints) -> PlanR
         DoesNotFitError: nothing fits; the message gives the shortfall and the ways out.
         InvalidSettingError: the engine cannot run this checkpoint or dtype on this GPU.
     """
-    c, switched = _engine_for(spec, constraints)
-    _check_checkpoint(spec, hardware, c)
+    c, switched = engine_for(spec, constraints)
+    check_checkpoint(spec, hardware, c)
     found = list(candidates(spec, hardware, c))
     chosen = _defaults_that_fit(spec, hardware, c)
     defaults_fit = chosen is not None
@@ -100,47 +99,6 @@ def plan(spec: ModelSpec, hardware: Hardware, constraints: Constraints) -> PlanR
         alternatives=_alternatives(spec, hardware, c, chosen, found),
         defaults_fit=defaults_fit,
     )
-
-
-def _engine_for(spec: ModelSpec, c: Constraints) -> tuple[Constraints, Lever | None]:
-    """The constraints with the engine that can load the checkpoint: vLLM 0.32/0.33 has no
-    bitsandbytes loader, so such a checkpoint goes to the transformers engine."""
-    method = spec.quantization.method if spec.quantization else None
-    rule = quantization_rules.rule_for(method) if method else None
-    if rule is None or c.engine in rule.engines:
-        return c, None
-    engine = sorted(rule.engines)[0]
-    lever = Lever(
-        name="engine",
-        value=engine,
-        reason=f"{c.engine} cannot load a {method} checkpoint ({rule.source})",
-        cost="the transformers engine: no paged KV cache, simpler batching",
-    )
-    return dataclasses.replace(c, engine=engine), lever
-
-
-def _check_checkpoint(spec: ModelSpec, hardware: Hardware, c: Constraints) -> None:
-    """Refuse a checkpoint or dtype the engine cannot run on this GPU, before searching.
-
-    Raises:
-        InvalidSettingError: the dtype is refused, or the checkpoint's quantization method
-            needs another GPU or dtype (engines/vllm/rules/quantization.py).
-    """
-    dtype = compute_dtype(spec, hardware.gpu, c.dtype)
-    if spec.quantization is None or c.engine != "vllm":
-        return
-    refused = quantization_rules.refusal(
-        spec.quantization.method,
-        gpu=hardware.gpu,
-        dtype=dtype,
-        engine=c.engine,
-        device=hardware.device,
-    )
-    if refused:
-        raise InvalidSettingError(
-            f"vLLM cannot run {spec.model_id} on {hardware.gpu.name}: {refused}.",
-            hint="Plan for a GPU that runs it (--gpu), or pick another checkpoint of the model.",
-        )
 
 
 def concurrency(cand: Candidate) -> Concurrency:

@@ -40,6 +40,21 @@ def tensor_parallel_refusal(spec: ModelSpec, tp: int) -> str | None:
             f"tensor parallel {tp} neither divides the {kv_heads} KV heads nor is divided by "
             "them (vLLM's attention layers assert one or the other)"
         )
+    group = spec.quantization.group_size if spec.quantization else None
+    if group:
+        # A row-parallel layer's slice of its input must hold whole quantization groups
+        # (quantization/auto_awq.py, gptq: "The input size is not aligned with the quantized
+        # weight shape. This can be caused by too large tensor parallel size.").
+        inputs = {
+            "the MLP's": spec.moe_intermediate_size if spec.is_moe else spec.intermediate_size,
+            "attention's": spec.num_attention_heads * spec.head_dim,
+        }
+        for what, size in inputs.items():
+            if size and (size // tp) % group:
+                return (
+                    f"tensor parallel {tp} splits {what} {size} inputs into slices that are not "
+                    f"whole groups of {group} quantized weights"
+                )
     return None
 
 

@@ -15,6 +15,7 @@ from typing import Final
 
 from oominfer.engines.vllm.rules.versions import CURRENT_RELEASE
 from oominfer.hardware.gpu import GpuSpec
+from oominfer.model.spec import QuantSpec
 from oominfer.settings import Engine
 
 _SIXTEEN: Final = frozenset({"bfloat16", "float16"})
@@ -49,9 +50,10 @@ RULES: Final = {
         ),
         QuantRule(
             name="gptq",
-            min_capability=(6, 0),
-            source="vllm/model_executor/layers/quantization/auto_gptq.py (auto-round: inc/inc.py, "
-            "6.0 too)",
+            min_capability=(7, 5),
+            source="vllm/model_executor/layers/quantization/auto_gptq.py declares 6.0, but 4-bit "
+            "GPTQ and AutoRound (inc/inc.py) run only through Marlin, which needs 7.5 "
+            "(quantization/utils/marlin_utils.py)",
         ),
         QuantRule(
             name="fp8",
@@ -72,10 +74,11 @@ RULES: Final = {
         ),
         QuantRule(
             name="compressed-tensors",
-            min_capability=(7, 0),
+            min_capability=(7, 5),
             dtypes=frozenset({"bfloat16", "float16", "float32"}),
             source="vllm/model_executor/layers/quantization/compressed_tensors/"
-            "compressed_tensors.py",
+            "compressed_tensors.py declares 7.0; its W8A8 FP8/INT8 and WNA16 schemes need 7.5 "
+            "(_check_scheme_supported)",
         ),
         QuantRule(
             name="mxfp4",
@@ -154,3 +157,15 @@ def flags_for(method: str | None) -> tuple[str, ...]:
     """The vLLM flags ``method`` needs."""
     rule = rule_for(method) if method else None
     return rule.flags if rule else ()
+
+
+def checkpoint_refusal(quant: QuantSpec) -> str | None:
+    """What vLLM refuses in a checkpoint's own quantization config, whatever the GPU."""
+    if quant.method == "gptq" and quant.desc_act:
+        return (
+            "GPTQ group activation ordering (desc_act=True) is no longer supported "
+            "(quantization/utils/gptq_utils.py)"
+        )
+    if quant.method == "gptq" and quant.bits == 4 and not quant.symmetric:
+        return "4-bit GPTQ runs symmetric only: sym=False is unsupported (auto_gptq.py TYPE_MAP)"
+    return None
