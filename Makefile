@@ -3,6 +3,11 @@ PY      ?= python3
 VENV    ?= .venv
 BIN      = $(VENV)/bin
 STAMP    = $(VENV)/.installed-test
+# vLLM 0.33's Python beside the CPU torch, for tests/test_vllm_accepts.py: its CUDA wheel
+# without dependencies, borrowing the project venv's packages (bench/vllm_accepts.py).
+VLLM033  = .venv-vllm033
+VLLM033_STAMP = $(VLLM033)/.installed
+export OOMINFER_VLLM033_PYTHON = $(CURDIR)/$(VLLM033)/bin/python
 
 .PHONY: demo test check lint typecheck pytest bench manifests clean
 
@@ -20,9 +25,18 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[cpu,hf,dev]'
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true
+	# Ray, without its extras, so that vLLM validates the plans across nodes it runs on Ray.
+	$(BIN)/pip install -q --no-deps ray msgpack
 	touch $(STAMP)
 
-test: $(STAMP) check  ## the whole suite, engine tests included
+$(VLLM033_STAMP): $(STAMP)
+	$(PY) -m venv $(VLLM033)
+	$(VLLM033)/bin/pip install -q --no-deps vllm==0.33.0 ray msgpack
+	$(BIN)/python -c "import site; print(site.getsitepackages()[0])" \
+		> $$($(VLLM033)/bin/python -c "import site; print(site.getsitepackages()[0])")/zz_project.pth
+	touch $(VLLM033_STAMP)
+
+test: $(STAMP) $(VLLM033_STAMP) check  ## the whole suite, engine tests included
 
 check: lint typecheck pytest
 
@@ -45,4 +59,4 @@ manifests: $(BIN)/oominfer  ## regenerate deploy/k8s from its plans
 	$(BIN)/python tools/make_k8s_examples.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM033) .pytest_cache .mypy_cache .ruff_cache

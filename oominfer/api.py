@@ -23,11 +23,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from oominfer.engines.vllm.rules.versions import LATEST_VLLM, EngineVersion
 from oominfer.errors import InvalidSettingError
 from oominfer.hardware.hardware import Hardware
 from oominfer.memory.breakdown import MemoryBreakdown
 from oominfer.memory.estimate import estimate as _estimate
-from oominfer.memory.version import CURRENT_VLLM, EngineVersion
 from oominfer.memory.weights import resolve_dtype
 from oominfer.model.load import load_spec
 from oominfer.model.spec import ModelSpec
@@ -88,12 +88,13 @@ def estimate(
         hardware: the GPUs (``Hardware.from_gpu("L4", count=2)``) or the CPU.
         settings: the engine settings under vLLM's names; None fields take vLLM's defaults.
         engine: ``vllm`` or ``transformers``.
-        engine_version: the vLLM release whose memory profile to follow (default: 0.32).
+        engine_version: the vLLM release whose memory profile and rules to follow
+            (default: the installed vLLM's, else the latest release).
 
     Raises:
         InvalidSettingError: settings that cannot work with this model or hardware.
     """
-    version = EngineVersion.parse(engine_version) if engine_version else CURRENT_VLLM
+    version = EngineVersion.parse(engine_version or default_engine_version())
     spec = _model(model)
     settings = settings or VllmSettings()
     spec.check_context(settings.max_model_len)
@@ -104,6 +105,21 @@ def estimate(
         engine=engine,
         version=version,
     )
+
+
+def default_engine_version() -> str:
+    """The vLLM release plans are made for unless told: the installed one, else the latest
+    (engines/vllm/rules/versions.py)."""
+    from oominfer.engines.installed import vllm_release
+
+    latest = ".".join(map(str, LATEST_VLLM.release))
+    return vllm_release() or latest
+
+
+def _with_version(c: Constraints) -> Constraints:
+    if c.engine_version is not None:
+        return c
+    return dataclasses.replace(c, engine_version=default_engine_version())
 
 
 def _check_request(spec: ModelSpec, hardware: Hardware, c: Constraints) -> None:
@@ -151,9 +167,14 @@ def plan(model: ModelLike, hardware: Hardware, constraints: Constraints | None =
         InvalidSettingError: constraints that cannot hold on this hardware.
     """
     spec = _model(model)
-    c = _within_free(hardware, constraints or Constraints(), None)
+    c = _with_version(_within_free(hardware, constraints or Constraints(), None))
     _check_request(spec, hardware, c)
-    return make_plan(spec, hardware, c, _plan(spec, hardware, c), engine_version=None)
+    return make_plan(spec, hardware, c, _plan(spec, hardware, c), engine_version=_planned_for(c))
+
+
+def _planned_for(c: Constraints) -> str | None:
+    """What the plan records as its engine version before any engine ran it."""
+    return f"vllm {c.engine_version}" if c.engine == "vllm" else None
 
 
 def can_verify(hardware: Hardware, engine: Engine = "vllm") -> bool:
@@ -222,7 +243,7 @@ def fit(
 
     spec = _model(model)
     listener = listener or FitListener()
-    c = _within_free(hardware, constraints or Constraints(), listener.on_note)
+    c = _with_version(_within_free(hardware, constraints or Constraints(), listener.on_note))
     _check_request(spec, hardware, c)
     installed = engine_installed(c.engine)
     if verify and not installed:
@@ -251,7 +272,7 @@ def fit(
             hardware,
             c,
             prober=prober,
-            engine_version=engine_version(c.engine) if installed else None,
+            engine_version=engine_version(c.engine) if installed else _planned_for(c),
             use_estimate=use_estimate,
             max_launches=max_launches,
             use_cache=use_cache,

@@ -43,6 +43,8 @@ def dtype_name(text: str) -> str:
     return _ALIASES.get(name, name)
 
 
+ExecutorBackend = Literal["ray", "mp"]
+"""vLLM's --distributed-executor-backend choices oominfer plans."""
 Engine = Literal["vllm", "transformers"]
 """vLLM (paged KV cache, CUDA graphs) or oominfer's own transformers server."""
 Device = Literal["cuda", "cpu"]
@@ -82,6 +84,11 @@ class VllmSettings:
     """GiB of weights per GPU kept in host memory and streamed in each forward pass."""
     kv_cache_memory_bytes: int | None = None
     """A fixed KV-cache size instead of one derived from gpu_memory_utilization."""
+    distributed_executor_backend: ExecutorBackend | None = None
+    """``ray`` for a replica spanning nodes (vLLM refuses a world size larger than the GPUs
+    it sees otherwise); None lets vLLM pick (multiprocessing inside a node)."""
+    allow_deprecated_quantization: bool = False
+    """Needed to load a checkpoint whose quantization method vLLM deprecated (fbgemm_fp8)."""
 
     def __post_init__(self) -> None:
         """Reject settings vLLM would reject, with the flag to change."""
@@ -106,6 +113,17 @@ class VllmSettings:
         ):
             if value is not None and value < 1:
                 raise InvalidSettingError(f"{flag} must be a positive integer, got {value}.")
+        if (
+            self.max_num_seqs is not None
+            and self.max_num_batched_tokens is not None
+            and self.max_num_batched_tokens < self.max_num_seqs
+        ):
+            raise InvalidSettingError(
+                f"--max-num-batched-tokens {self.max_num_batched_tokens} is below "
+                f"--max-num-seqs {self.max_num_seqs}: vLLM needs a step to hold a token of "
+                "every running sequence.",
+                hint=f"Use --max-num-batched-tokens {self.max_num_seqs} or more.",
+            )
         if self.cpu_offload_gb < 0:
             raise InvalidSettingError(f"--cpu-offload-gb must be >= 0, got {self.cpu_offload_gb}.")
 

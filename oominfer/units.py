@@ -19,37 +19,49 @@ TB: Final = 1000**4
 _UNITS: Final = {
     "": 1,
     "b": 1,
-    "k": KiB,
     "kb": KB,
     "kib": KiB,
-    "m": MiB,
     "mb": MB,
     "mib": MiB,
-    "g": GiB,
     "gb": GB,
     "gib": GiB,
-    "t": TiB,
     "tb": TB,
     "tib": TiB,
 }
+_LETTERS: Final = {"k": KB, "m": MB, "g": GB, "t": TB, "K": KiB, "M": MiB, "G": GiB, "T": TiB}
+"""vLLM's single-letter suffixes (utils/argparse_utils.py human_readable_int): lower case
+decimal (4g = 4 x 10^9), upper case binary (4G = 4 x 2^30), so a size means the same
+to oominfer as to the vLLM flag it is passed to."""
 _SIZE_RE: Final = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*$")
 
 
 def parse_size(text: str) -> int:
-    """Parse a size such as ``24GiB``, ``80GB``, ``512MiB`` or ``1073741824`` into bytes.
+    """Parse a size such as ``24GiB``, ``80GB``, ``512MiB``, ``4g`` or ``1073741824`` into bytes.
 
-    ``G``/``GiB`` are powers of 1024, ``GB`` powers of 1000, as on the labels people read.
+    ``GiB`` is a power of 1024 and ``GB`` of 1000, as on the labels people read; a single
+    letter reads as vLLM reads it: ``4g`` is 4 x 10^9, ``4G`` is 4 x 2^30, and like vLLM a
+    decimal with an upper-case letter is refused (``1.5G``: did you mean ``1.5g``?).
 
     Raises:
         InvalidSettingError: the text is not a positive size.
     """
     match = _SIZE_RE.match(text)
-    unit = match.group(2).lower() if match else ""
-    if match is None or unit not in _UNITS:
+    suffix = match.group(2) if match else ""
+    if match is not None and suffix in _LETTERS:
+        if suffix.isupper() and "." in match.group(1):
+            raise InvalidSettingError(
+                f"vLLM refuses a decimal with the binary suffix {suffix} ({text!r}).",
+                hint=f"Write {match.group(1)}{suffix.lower()} (decimal) or "
+                f"{match.group(1)}{suffix}iB.",
+            )
+        scale = _LETTERS[suffix]
+    elif match is not None and suffix.lower() in _UNITS:
+        scale = _UNITS[suffix.lower()]
+    else:
         raise InvalidSettingError(
             f"cannot read the size {text!r}.", hint="Write it like 24GiB, 80GB or 512MiB."
         )
-    value = int(float(match.group(1)) * _UNITS[unit])
+    value = int(float(match.group(1)) * scale)
     if value <= 0:
         raise InvalidSettingError(f"the size {text!r} must be positive.")
     return value

@@ -169,7 +169,19 @@ ROWS: dict[str, Bad] = {
         E(LLAMA_8B, "--gpu", "L4", "--gpus", "3", "-tp", "3"),
         2,
         "invalid_setting",
-        ("does not divide",),
+        ("must be divisible by tensor parallel size (3)",),
+    ),
+    "estimate-tp-not-dividing-kv-heads": Bad(
+        E("microsoft/phi-4", "--gpu", "L4", "--gpus", "4", "-tp", "4"),
+        2,
+        "invalid_setting",
+        ("10 KV heads", "--tensor-parallel-size 1 or 2"),
+    ),
+    "estimate-binary-suffix-with-a-decimal": Bad(
+        E(LLAMA_8B, "--gpu", "L4", "--kv-cache-memory-bytes", "1.5G"),
+        2,
+        "invalid_setting",
+        ("1.5g",),
     ),
     "estimate-tp-above-gpus": Bad(
         E(LLAMA_8B, "--gpu", "L4", "-tp", "2"), 2, "invalid_setting", ("--gpus 2",)
@@ -186,8 +198,14 @@ ROWS: dict[str, Bad] = {
         "invalid_setting",
         ("bfloat16", "--dtype float16"),
     ),
-    "estimate-fp8-kv-on-a100": Bad(
-        E(LLAMA_8B, "--gpu", "A100", "--kv-cache-dtype", "fp8"), 2, "invalid_setting", ("8.9",)
+    "estimate-fp8-kv-on-t4": Bad(
+        E(LLAMA_8B, "--gpu", "T4", "--kv-cache-dtype", "fp8"), 2, "invalid_setting", ("8.0",)
+    ),
+    "estimate-bitsandbytes-on-vllm": Bad(
+        E(LLAMA_8B, "--gpu", "L4", "-q", "bitsandbytes"),
+        2,
+        "invalid_setting",
+        ("bitsandbytes", "--engine transformers"),
     ),
     "estimate-unknown-dtype": Bad(E(LLAMA_8B, "--dtype", "float8"), 2, "usage", ("float8",)),
     "estimate-unreadable-size": Bad(

@@ -102,7 +102,16 @@ def test_estimate_json() -> None:
         ("--gpu", "L4", "--max-model-len", "8192", "-q", "fp8"),
         ("--gpu", "L4", "--max-model-len", "8192", "--enforce-eager"),
         ("--gpu", "L4", "--max-model-len", "8192", "--engine", "transformers"),
-        ("--gpu", "T4", "--max-model-len", "2048", "--dtype", "float16", "-q", "bitsandbytes"),
+        (
+            "--gpu",
+            "T4",
+            "--max-model-len",
+            "2048",
+            "-q",
+            "bitsandbytes",
+            "--engine",
+            "transformers",
+        ),
     ],
 )
 def test_estimate_options(args: tuple[str, ...]) -> None:

@@ -138,7 +138,7 @@ def test_kv_cache_too_small_uses_the_engines_length() -> None:
         (ProbeStatus.KV_CACHE_TOO_SMALL, {"estimated_max_model_len": 23648}),
         ProbeStatus.READY,
     )
-    result = run(prober)
+    result = run(prober, constraints=Constraints(prefer="context"))
     assert len(prober.calls) == 2
     assert prober.calls[0].max_model_len == 131072
     assert prober.calls[1].max_model_len is not None

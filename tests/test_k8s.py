@@ -25,10 +25,10 @@ from click.testing import CliRunner
 from oominfer import k8s
 from oominfer.cli.k8s import k8s_command
 from oominfer.engines.vllm import to_vllm_args
+from oominfer.engines.vllm.rules.versions import LATEST_VLLM
 from oominfer.errors import ExitStatus, InvalidSettingError, PlanError
 from oominfer.k8s.options import K8sOptions
 from oominfer.k8s.sizing import Topology
-from oominfer.memory.version import CURRENT_RELEASE
 from oominfer.planning.document import Plan, Prediction, Verification, plan_to_dict
 from oominfer.settings import VllmSettings
 from oominfer.units import GiB
@@ -784,7 +784,7 @@ def test_the_dockerfile_pins_the_vllm_base_the_estimator_models() -> None:
     assert tag and tag != "latest"
     m = re.fullmatch(r"v(\d+)\.(\d+)\.(\d+)", tag)
     assert m, f"pin a release tag, got {tag!r}"
-    assert (int(m.group(1)), int(m.group(2))) == CURRENT_RELEASE
+    assert (int(m.group(1)), int(m.group(2))) == LATEST_VLLM.release
 
 
 def test_the_dockerfile_runs_oominfer_serve_as_a_user_on_port_8000() -> None:

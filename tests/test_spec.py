@@ -264,7 +264,7 @@ QUANT_ROWS = [
         {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]},
         QuantSpec(method="fp8", bits=8),
     ),
-    ({"quant_method": "fbgemm_fp8"}, QuantSpec(method="fp8", bits=8)),
+    ({"quant_method": "fbgemm_fp8"}, QuantSpec(method="fbgemm_fp8", bits=8)),
     (
         {"quant_method": "mxfp4", "modules_to_not_convert": ["lm_head"]},
         QuantSpec(method="mxfp4", bits=4, group_size=32, experts_only=True),
@@ -308,7 +308,10 @@ QUANT_ROWS = [
     ),
     ({"quant_method": "compressed-tensors"}, QuantSpec(method="compressed-tensors", bits=8)),
     ({"quant_method": "modelopt", "quant_algo": "FP8"}, QuantSpec(method="modelopt", bits=8)),
-    ({"quant_method": "modelopt", "quant_algo": "NVFP4"}, QuantSpec(method="modelopt", bits=4.5)),
+    (
+        {"quant_method": "modelopt", "quant_algo": "NVFP4"},
+        QuantSpec(method="modelopt_fp4", bits=4.5),
+    ),
     (
         {"quant_method": "GPTQ", "bits": 4, "group_size": 128},
         QuantSpec(method="gptq", bits=4, group_size=128),

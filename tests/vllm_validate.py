@@ -696,7 +696,7 @@ def plan_case(case: Case, root: Path) -> Planned | str:
     """The case's plan as vLLM sees it, or why there is none to validate."""
     import oominfer
     from oominfer.engines.vllm import serve_argv
-    from oominfer.errors import DoesNotFitError
+    from oominfer.errors import DoesNotFitError, InvalidSettingError
 
     hardware = oominfer.Hardware.from_gpu(case.gpu, case.count)
     constraints = oominfer.Constraints(prefer=case.prefer)  # type: ignore[arg-type]
@@ -704,6 +704,8 @@ def plan_case(case: Case, root: Path) -> Planned | str:
         plan = oominfer.plan(case.model_id, hardware, constraints)
     except DoesNotFitError as exc:
         return f"does not fit: {exc}"
+    except InvalidSettingError as exc:  # oominfer's rules refuse it before vLLM would
+        return f"refused by oominfer: {exc}"
     if plan.engine != "vllm":
         return f"planned for {plan.engine}"
     argv = serve_argv(str(_model_folder(root, case.model_id)), plan.settings)

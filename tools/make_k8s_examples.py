@@ -25,7 +25,7 @@ from oominfer.k8s.render import manifest_files
 from oominfer.k8s.write import write_manifests
 
 ROOT = Path(__file__).resolve().parent.parent / "deploy" / "k8s"
-ENGINE_VERSION = "0.32.0"
+ENGINE_VERSION = "0.33.0"
 """The vLLM of serve/Dockerfile, recorded as ``fit`` records the installed engine's."""
 CREATED_AT = "2026-01-01T00:00:00+00:00"
 
@@ -74,10 +74,11 @@ def build_plan(example: Example) -> Plan:
     Raises:
         DoesNotFitError: nothing fits the example's hardware (the example is wrong).
     """
+    constraints = dataclasses.replace(example.constraints, engine_version=ENGINE_VERSION)
     plan = oominfer.plan(
-        example.model_id, Hardware.from_gpu(example.gpu, example.gpus), example.constraints
+        example.model_id, Hardware.from_gpu(example.gpu, example.gpus), constraints
     )
-    return dataclasses.replace(plan, engine_version=ENGINE_VERSION, created_at=CREATED_AT)
+    return dataclasses.replace(plan, created_at=CREATED_AT)
 
 
 def write_examples(root: Path) -> list[Path]:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
 import click
 
 from oominfer.cli.options import (
+    AUTO,
     JSON,
     REVISION,
     build_hardware,
@@ -18,7 +20,7 @@ from oominfer.cli.options import (
 from oominfer.errors import DoesNotFitError
 from oominfer.hardware.hardware import Hardware
 from oominfer.model.spec import ModelSpec
-from oominfer.settings import VllmSettings
+from oominfer.settings import Engine, VllmSettings
 from oominfer.units import format_bytes
 
 
@@ -69,7 +71,13 @@ def estimate(model: str, revision: str | None, as_json: bool, **opts: Any) -> No
     settings = build_settings(opts)
     hardware = build_hardware(opts)
     spec = load_model(model, revision=revision)
-    b = run_estimate(spec, hardware, settings, engine=opts["engine"])
+    from oominfer.api import default_engine_version
+    from oominfer.engines.vllm.rules.versions import EngineVersion
+
+    release = opts.get("engine_version") or default_engine_version()
+    if opts.get("max_model_len") == AUTO:
+        settings = _auto_fit(spec, hardware, settings, opts["engine"], release)
+    b = run_estimate(spec, hardware, settings, engine=opts["engine"], engine_version=release)
     predicted = Prediction.of(b)
     fits, line = verdict(predicted)
     note = parallel_note(spec, hardware, settings)
@@ -90,7 +98,14 @@ def estimate(model: str, revision: str | None, as_json: bool, **opts: Any) -> No
         )  # fmt: skip
     error = None
     if not fits:
-        ways = ways_out(spec, hardware, settings, b, engine=opts["engine"])
+        ways = ways_out(
+            spec,
+            hardware,
+            settings,
+            b,
+            engine=opts["engine"],
+            version=EngineVersion.parse(release),
+        )
         error = DoesNotFitError(line, shortfall_bytes=b.shortfall_bytes, ways_out=ways,
                                 reported=True)  # fmt: skip
     if as_json:
@@ -110,3 +125,18 @@ def estimate(model: str, revision: str | None, as_json: bool, **opts: Any) -> No
             click.echo(error.hint)
     if error is not None:
         raise error
+
+
+def _auto_fit(
+    spec: ModelSpec, hardware: Hardware, settings: VllmSettings, engine: Engine, release: str
+) -> VllmSettings:
+    """``--max-model-len auto``: the longest context that fits, found as vLLM's auto-fit
+    finds it (v1/core/kv_cache_utils.py _auto_fit_max_model_len); the trained length when
+    nothing fits (the estimate then says by how much)."""
+    from oominfer.planning.constraints import Constraints
+    from oominfer.planning.search import settle
+
+    c = Constraints(engine=engine, engine_version=release, min_context=1)
+    trial = dataclasses.replace(settings, max_model_len=spec.max_position_embeddings)
+    found = settle(spec, hardware, c, trial)
+    return found.settings if found is not None else trial

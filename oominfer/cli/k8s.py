@@ -34,7 +34,11 @@ _DEFAULTS = K8sOptions()
 @click.option("--image", default=DEFAULT_IMAGE, show_default=True, help="Pinned serve/ image.")
 @click.option("--namespace", "-n", help="Namespace of every object (default: kubectl's).")
 @click.option("--name", help="Name of every object (default: from the model id).")
-@click.option("--replicas", type=click.IntRange(min=1), default=_DEFAULTS.replicas)
+@click.option(
+    "--replicas",
+    type=click.IntRange(min=1),
+    help="Pods, one replica each (default: the replicas the plan's GPUs serve).",
+)
 @click.option("--storage-class", help="StorageClass of the model cache (default: the cluster's).")
 @click.option("--gpu-label-key", default=_DEFAULTS.gpu_label_key, show_default=True)
 @click.option("--gpu-product", help="Value of the GPU label (default: the plan's product label).")
@@ -60,7 +64,7 @@ def k8s_command(
     image: str,
     namespace: str | None,
     name: str | None,
-    replicas: int,
+    replicas: int | None,
     storage_class: str | None,
     gpu_label_key: str,
     gpu_product: str | None,
@@ -92,7 +96,7 @@ def k8s_command(
         image=image,
         namespace=namespace,
         name=name,
-        replicas=replicas,
+        replicas=replicas or plan.replicas,
         storage_class=storage_class,
         gpu_label_key=gpu_label_key,
         gpu_product=gpu_product,

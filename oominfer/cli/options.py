@@ -8,13 +8,13 @@ type, validation and help cannot drift apart.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, TypeVar, get_args
+from typing import Any, Final, TypeVar, get_args
 
 import click
 
 from oominfer.errors import InvalidSettingError
 from oominfer.hardware.hardware import Hardware
-from oominfer.planning.constraints import Constraints, Prefer
+from oominfer.planning.constraints import PRACTICAL_CONTEXT, Constraints, Prefer
 from oominfer.settings import DEVICES, ENGINES, Dtype, KvCacheDtype, Quantization, VllmSettings
 from oominfer.units import parse_size
 
@@ -46,14 +46,45 @@ DTYPE = click.option(
     "--dtype", type=click.Choice(get_args(Dtype)), default=DEFAULTS.dtype, show_default=True,
     help="auto: the checkpoint's 16-bit dtype the GPU can run.",
 )  # fmt: skip
+AUTO: Final = -1
+"""``--max-model-len auto`` (vLLM's spelling, also ``-1``): the longest context that fits."""
+
+
+class ContextLength(click.ParamType[int]):
+    """A positive number of tokens, or ``auto`` / ``-1`` as vLLM accepts them
+    (vllm/utils/argparse_utils.py human_readable_int_or_auto)."""
+
+    name = "TOKENS|auto"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        """The tokens, or AUTO."""
+        if isinstance(value, int):
+            return value
+        text = str(value).strip().lower()
+        if text in ("auto", "-1"):
+            return AUTO
+        try:
+            tokens = int(text)
+        except ValueError:
+            self.fail(f"{value!r} is not a number of tokens or 'auto'.", param, ctx)
+        if tokens < 1:
+            self.fail(f"{tokens} is not a positive number of tokens.", param, ctx)
+        return tokens
+
+
 MAX_MODEL_LEN = click.option(
-    "--max-model-len", type=POSITIVE,
-    help="Context (prompt + output) per request. estimate: the setting (default: from "
-    "config.json); fit: a cap on the context.",
+    "--max-model-len", type=ContextLength(),
+    help="Context (prompt + output) per request, or auto. estimate: the setting (default: "
+    "from config.json; auto: the longest that fits); fit: a cap on the context (auto: none).",
 )  # fmt: skip
 GPU_MEMORY_UTILIZATION = click.option(
     "--gpu-memory-utilization", type=click.FloatRange(0, 1, min_open=True),
     help=f"Fraction of the GPU vLLM may use (default: vLLM's {DEFAULTS.gpu_memory_utilization}).",
+)  # fmt: skip
+ENGINE_VERSION = click.option(
+    "--engine-version", metavar="X.Y",
+    help="The vLLM release to plan for: its memory profile and rules (default: the "
+    "installed vLLM, else the latest release).",
 )  # fmt: skip
 KV_CACHE_MEMORY_BYTES = click.option(
     "--kv-cache-memory-bytes", metavar="SIZE",
@@ -103,6 +134,7 @@ settings_options = _compose(
         default=DEFAULTS.cpu_offload_gb, show_default=True,
     ),
     KV_CACHE_MEMORY_BYTES,
+    ENGINE_VERSION,
 )  # fmt: skip
 """The engine flags of `estimate`, under vLLM's names and with vLLM's defaults."""
 
@@ -113,22 +145,31 @@ fit_options = _compose(
     click.option(
         "--prefer", type=click.Choice(get_args(Prefer)), default=DEFAULT_CONSTRAINTS.prefer,
         show_default=True,
-        help="context: the longest context, then concurrency; throughput: the most "
-        "sequences at --min-context; quality: no weight quantization unless needed.",
+        help="balanced: vLLM's defaults when they fit, else a practical context before "
+        "quality or speed; context: the longest context, any lever; throughput: the most "
+        "requests of --typical-length at once, CUDA graphs on; quality: no quantization, "
+        "a shorter context instead.",
     ),
     click.option(
-        "--min-context", type=POSITIVE, default=DEFAULT_CONSTRAINTS.min_context,
-        show_default=True, help="The shortest context acceptable.",
+        "--min-context", type=POSITIVE,
+        help=f"The shortest context acceptable (default: {PRACTICAL_CONTEXT:,} tokens, given "
+        "up only when nothing else fits).",
+    ),
+    click.option(
+        "--typical-length", type=POSITIVE, default=DEFAULT_CONSTRAINTS.typical_length,
+        show_default=True,
+        help="Tokens (prompt + output) of a typical request: concurrency is counted in these.",
     ),
     click.option(
         "--concurrency", type=POSITIVE,
-        help="Sequences that must run at once at the chosen context.",
+        help="Requests of --typical-length that must run at once.",
     ),
     MAX_MODEL_LEN,
     click.option("--no-quantize", is_flag=True, help="Never quantize the weights."),
     click.option("--allow-offload", is_flag=True, help="Allow CPU offload of weights (slow)."),
     GPU_MEMORY_UTILIZATION,
     KV_CACHE_MEMORY_BYTES,
+    ENGINE_VERSION,
     click.option(
         "--verify/--no-verify", default=None,
         help="Prove the plan with the real engine (default: when one is installed).",
@@ -155,6 +196,12 @@ fit_options = _compose(
 
 def _size(text: str | None) -> int | None:
     return parse_size(text) if text else None
+
+
+def _context(opts: dict[str, Any]) -> int | None:
+    """--max-model-len as a number, None for none or auto."""
+    value = opts.get("max_model_len")
+    return None if value in (None, AUTO) else int(value)
 
 
 def build_hardware(opts: dict[str, Any]) -> Hardware:
@@ -185,7 +232,7 @@ def build_settings(opts: dict[str, Any]) -> VllmSettings:
         kv_cache_dtype=opts["kv_cache_dtype"],
         gpu_memory_utilization=opts.get("gpu_memory_utilization")
         or DEFAULTS.gpu_memory_utilization,
-        max_model_len=opts.get("max_model_len"),
+        max_model_len=_context(opts),
         max_num_seqs=opts.get("max_num_seqs"),
         max_num_batched_tokens=opts.get("max_num_batched_tokens"),
         enforce_eager=opts["enforce_eager"],
@@ -202,12 +249,14 @@ def build_constraints(opts: dict[str, Any]) -> Constraints:
         engine=opts["engine"],
         dtype=opts["dtype"],
         prefer=opts["prefer"],
-        min_context=opts["min_context"],
+        min_context=opts.get("min_context"),
+        typical_length=opts["typical_length"],
         concurrency=opts.get("concurrency"),
-        max_model_len=opts.get("max_model_len"),
+        max_model_len=_context(opts),
         no_quantize=opts["no_quantize"],
         allow_offload=opts["allow_offload"],
         gpu_memory_utilization=opts.get("gpu_memory_utilization"),
         kv_cache_memory_bytes=_size(opts.get("kv_cache_memory_bytes")),
         gpus_per_node=opts["gpus_per_node"],
+        engine_version=opts.get("engine_version"),
     )

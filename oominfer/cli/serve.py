@@ -53,6 +53,34 @@ def refuse_fit_flags(ctx: click.Context, target: str, model_id: str) -> None:
         )
 
 
+def _visible_gpus() -> int | None:
+    """The GPUs NVML shows here (None when it shows none: not a GPU host, or no driver)."""
+    from oominfer.hardware.nvml import detect_gpus
+
+    return len(detect_gpus()) or None
+
+
+def warn_engine_version(plan: Plan) -> None:
+    """Say so when the installed vLLM is another release than the one the plan was made for:
+    memory profiles and rules change between releases (engines/vllm/rules/versions.py)."""
+    from oominfer.engines.installed import vllm_release
+    from oominfer.engines.vllm.rules.versions import EngineVersion
+
+    installed = vllm_release()
+    if plan.engine != "vllm" or not plan.engine_version or installed is None:
+        return
+    planned = EngineVersion.parse(plan.engine_version).release
+    here = EngineVersion.parse(installed).release
+    if planned != here:
+        click.secho(
+            f"Warning: the plan was made for vLLM {planned[0]}.{planned[1]}, and vLLM "
+            f"{installed} is installed here; its memory profile differs. Re-run `oominfer fit` "
+            "here to verify it.",
+            err=True,
+            fg="yellow",
+        )
+
+
 def check_engine(engine: Engine, device: Device) -> None:
     """The engine that will serve is installed here, and can run the plan's device.
 
@@ -109,7 +137,7 @@ def serve(ctx: click.Context, /, target: str, host: str, port: int, api_key: str
     from oominfer.engines.vllm import to_vllm_args
     from oominfer.planning.document import read_plan
     from oominfer.serving.extra import merge_extra
-    from oominfer.serving.run import run
+    from oominfer.serving.run import local_replicas, run
 
     plan: Plan
     if is_plan_file(target):
@@ -134,7 +162,15 @@ def serve(ctx: click.Context, /, target: str, host: str, port: int, api_key: str
         + " ".join(to_vllm_args(plan.settings)),
         err=True,
     )
+    warn_engine_version(plan)
+    replicas = local_replicas(plan, _visible_gpus())
+    if replicas > 1:
+        click.echo(
+            f"Running {replicas} replicas of {plan.gpu_count} GPU(s) with vLLM's "
+            f"--data-parallel-size {replicas}.",
+            err=True,
+        )
     status = run(plan, host=host, port=port, extra=list(extra), api_key=api_key,
-                 grace_period=grace_period,
+                 grace_period=grace_period, replicas=replicas,
                  on_failure=lambda why: click.secho(why, err=True, fg="red"))  # fmt: skip
     raise SystemExit(status)

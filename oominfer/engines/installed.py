@@ -20,3 +20,9 @@ def engine_version(engine: Engine) -> str:
 def engine_installed(engine: Engine) -> bool:
     """True when the engine can be launched from this Python."""
     return engine_version(engine) != "not installed"
+
+
+def vllm_release() -> str | None:
+    """The installed vLLM's version number (``0.32.0``), or None when none is installed."""
+    found = engine_version("vllm")
+    return found.split()[-1] if found != "not installed" else None

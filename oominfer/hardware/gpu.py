@@ -39,6 +39,8 @@ class GpuSpec:
     marketing_name: str | None = None
     memory_bandwidth_gbps: float | None = None
     architecture: str | None = None
+    sm_count: int | None = None
+    """Streaming multiprocessors (sizes TRITON_MLA's decode workspace)."""
     free_bytes: int | None = None
     """Memory free right now (live detection only): other processes may hold the rest."""
 
@@ -99,6 +101,7 @@ def _from_entry(entry: dict[str, Any]) -> GpuSpec:
         marketing_name=entry.get("marketing_name"),
         memory_bandwidth_gbps=entry.get("memory_bandwidth_gbps"),
         architecture=entry.get("architecture"),
+        sm_count=entry.get("sm_count"),
     )
 
 

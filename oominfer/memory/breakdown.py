@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from oominfer.memory.kv import KvLayout
 from oominfer.settings import Engine
 
 
@@ -43,6 +44,13 @@ class MemoryBreakdown:
     """Blocks one request of max_model_len tokens needs."""
     usable_blocks: int = 0
     """Blocks a request can use (the pool's null block excluded)."""
+    overcommitted_bytes: int = 0
+    """A KV cache fixed by --kv-cache-memory-bytes that does not fit beside the rest of the
+    GPU's memory: vLLM skips its budget then and fails allocating it (CUDA out of memory)."""
+    pipeline_stage: int = 0
+    """The pipeline stage these figures are of: the one that holds the fewest KV blocks."""
+    layout: KvLayout | None = field(default=None, compare=False, repr=False)
+    """How the paged cache is laid out (None for the transformers engine)."""
 
     @property
     def non_kv_bytes(self) -> int:
@@ -57,13 +65,19 @@ class MemoryBreakdown:
     @property
     def fits(self) -> bool:
         """True when one request at max_model_len fits in the KV cache."""
-        return self.kv_cache_bytes > 0 and self.max_model_len_that_fits >= self.max_model_len
+        return (
+            self.kv_cache_bytes > 0
+            and self.max_model_len_that_fits >= self.max_model_len
+            and self.overcommitted_bytes <= 0
+        )
 
     @property
     def shortfall_bytes(self) -> int:
         """Bytes missing for one request at max_model_len; 0 when it fits."""
         if self.fits:
             return 0
+        if self.overcommitted_bytes > 0:
+            return self.overcommitted_bytes
         need = self.kv_bytes_per_token * self.max_model_len + self.state_bytes_per_seq
         # A negative KV cache means the rest already overflows the budget by that much.
         short = need - self.kv_cache_bytes
@@ -72,3 +86,17 @@ class MemoryBreakdown:
             blocks = max(self.blocks_per_request - self.usable_blocks, 1) * self.kv_block_bytes
             short = max(short, blocks if self.kv_cache_bytes > 0 else short)
         return max(1, short)
+
+    def requests_at(self, length: int) -> float:
+        """Requests of ``length`` tokens the KV cache holds at once (not capped by
+        max_num_seqs): vLLM's pool is shared, so this is what real lengths get."""
+        if length < 1 or self.kv_cache_bytes <= 0:
+            return 0.0
+        if self.layout is not None:
+            return self.usable_blocks / self.layout.blocks_per_request(length)
+        per_seq = self.kv_bytes_per_token * length + self.state_bytes_per_seq
+        return self.kv_cache_bytes / per_seq if per_seq else float(self.max_num_seqs)
+
+    def running_at(self, length: int) -> int:
+        """Requests of ``length`` tokens that run at once: the pool, capped by max_num_seqs."""
+        return min(self.max_num_seqs, int(self.requests_at(length)))

@@ -17,13 +17,22 @@ from __future__ import annotations
 
 import math
 
+from oominfer.engines.vllm.rules import kv_cache as kv_cache_rules
+from oominfer.engines.vllm.rules import quantization as quantization_rules
+from oominfer.engines.vllm.rules.attention import (
+    block_size,
+    capture_sizes,
+    max_capture_size,
+    state_blocks_per_request,
+    triton_mla_workspace_bytes,
+)
+from oominfer.engines.vllm.rules.parallel import tensor_parallel_refusal
+from oominfer.engines.vllm.rules.versions import CURRENT_VLLM, EngineVersion
 from oominfer.errors import InvalidSettingError
 from oominfer.hardware.hardware import Hardware
 from oominfer.memory.breakdown import MemoryBreakdown
 from oominfer.memory.dtypes import dtype_bytes, kv_dtype_bytes
 from oominfer.memory.kv import (
-    CPU_BLOCK_SIZE,
-    GPU_BLOCK_SIZE,
     kv_bytes_per_token_layer,
     kv_layout,
     longest,
@@ -34,18 +43,11 @@ from oominfer.memory.profile import (
     NON_TORCH_BYTES,
     NON_TORCH_TP_BYTES,
     activation_bytes,
-    capture_sizes,
     vllm_defaults,
 )
 from oominfer.memory.transformers import transformers_breakdown
-from oominfer.memory.version import CURRENT_VLLM, EngineVersion
-from oominfer.memory.weights import (
-    layers_on_busiest_stage,
-    resolve_dtype,
-    weights_bytes,
-    weights_per_gpu,
-)
-from oominfer.model.spec import ATTENTION_KINDS, ModelSpec
+from oominfer.memory.weights import pp_layer_ranges, resolve_dtype, stage_weights
+from oominfer.model.spec import ATTENTION_KINDS, STATE_KINDS, ModelSpec
 from oominfer.settings import Engine, VllmSettings
 from oominfer.units import GiB
 
@@ -79,12 +81,22 @@ def estimate(
     gpu = hardware.gpu
     dtype = resolve_dtype(spec, gpu, s.dtype)
     elem = dtype_bytes(dtype)
-    if s.kv_cache_dtype.startswith("fp8") and device == "cuda" and not gpu.supports_fp8:
-        raise InvalidSettingError(
-            f"--kv-cache-dtype {s.kv_cache_dtype} needs compute capability 8.9 or newer; "
-            f"{gpu.name} has {'.'.join(map(str, gpu.compute_capability))}.",
-            hint="Use --kv-cache-dtype auto.",
+    refused = kv_cache_rules.refusal(
+        s.kv_cache_dtype, gpu=gpu, model_dtype=dtype, device=device, version=version
+    )
+    if refused:
+        raise InvalidSettingError(f"{refused}.", hint="Use --kv-cache-dtype auto.")
+    method = s.quantization or (spec.quantization.method if spec.quantization else None)
+    if method is not None and engine == "vllm":
+        refused = quantization_rules.refusal(
+            method, gpu=gpu, dtype=dtype, engine=engine, device=device, release=version.release
         )
+        if refused:
+            raise InvalidSettingError(
+                f"vLLM cannot load {spec.model_id} here: {refused}.",
+                hint="Use --engine transformers for bitsandbytes checkpoints, or another GPU "
+                "or checkpoint.",
+            )
     kv_elem = kv_dtype_bytes(s.kv_cache_dtype, dtype)
     max_len = s.max_model_len or spec.default_max_model_len or spec.max_position_embeddings
     default_tokens, default_seqs = vllm_defaults(hardware, world_size=s.world_size)
@@ -92,97 +104,118 @@ def estimate(
     batched = s.max_num_batched_tokens or min(default_tokens, seqs * max_len)
     if not version.always_chunked_prefill and max_len <= 32768:
         batched = max(batched, max_len)
-
-    total_weights = weights_bytes(spec, dtype=dtype, quantization=s.quantization)
-    weights = weights_per_gpu(
-        spec, total_weights, tp=tp, pp=pp, offload=int(s.cpu_offload_gb * GiB), elem=elem
-    )
-    layers = layers_on_busiest_stage(spec, pp)
-    kinds = [spec.layer_kinds[i] for i in layers]
+    offload = int(s.cpu_offload_gb * GiB)
+    stages = stage_weights(spec, dtype=dtype, quantization=s.quantization, pp=pp)
+    ranges = pp_layer_ranges(spec.num_layers, pp)
     per_layer = kv_bytes_per_token_layer(spec, kv_bytes=kv_elem, tp=tp, version=version)
-    attn_layers = sum(1 for k in kinds if k in ATTENTION_KINDS)
     state_dtype = dtype_bytes(spec.state_dtype) if spec.state_dtype else elem
     state_layer = spec.state_elements_per_layer * state_dtype // tp
-    state_layers = sum(1 for k in kinds if k in ("mamba", "linear_attention"))
     budget = math.ceil(gpu.cuda_total_bytes * s.gpu_memory_utilization)
     if engine == "transformers":
+        kinds = spec.layer_kinds
         return transformers_breakdown(
             spec,
             dtype=dtype,
             budget=budget,
             total=gpu.cuda_total_bytes,
-            weights=weights,
-            per_token=per_layer * attn_layers,
-            state_per_seq=state_layer * state_layers,
+            weights=max(0, sum(stages) // tp - offload),
+            per_token=per_layer * sum(1 for k in kinds if k in ATTENTION_KINDS),
+            state_per_seq=state_layer * sum(1 for k in kinds if k in STATE_KINDS),
             seqs=seqs,
             max_len=max_len,
             elem=elem,
             tp=tp,
         )
-
     activation = activation_bytes(
         spec, tokens=batched, seqs=seqs, dtype_size=elem, tp=tp, version=version
     )
+    if device == "cuda" and version.sampler_warmup_pass:
+        # 0.33's second dummy sampler pass copies the logits to fp32 (at least that much).
+        activation += min(batched, seqs) * spec.vocab_size * 4
+    if device == "cuda" and version.mla_workspace_in_profile:
+        activation += triton_mla_workspace_bytes(
+            spec, gpu, max_num_seqs=seqs, max_model_len=max_len, tp=tp
+        )
     if device == "cpu":
         non_torch = CPU_RUNTIME_BYTES
     else:
         non_torch = NON_TORCH_BYTES + (NON_TORCH_TP_BYTES if tp > 1 else 0)
-    graphs = 0
-    if device == "cuda" and not s.enforce_eager:
-        graphs = GRAPH_BYTES_PER_LAYER_AND_SIZE * len(layers) * capture_sizes(seqs, batched)
-    if s.kv_cache_memory_bytes is not None:
-        kv_cache = s.kv_cache_memory_bytes
-    else:
-        in_budget = graphs if version.graphs_in_budget else 0
-        kv_cache = budget - weights - activation - non_torch - in_budget
-
-    layout = kv_layout(
-        spec,
-        kinds,
-        per_token_layer=per_layer,
-        state_bytes_layer=state_layer,
-        block=CPU_BLOCK_SIZE if device == "cpu" else GPU_BLOCK_SIZE,
-        batched=batched,
-        pp=pp,
-    )
-    num_blocks = kv_cache // layout.bytes_per_block if layout and kv_cache > 0 else 0
-    # Block 0 is the pool's null block (vllm/v1/core/block_pool.py): a request can use
-    # num_blocks - 1 (measured: 512 blocks of 128 tokens admit 65,408 tokens, not 65,536).
-    usable = num_blocks - 1 if version.v1 else num_blocks
-    fits_len = 0
-    concurrency = 0.0
-    tokens = 0
-    if layout is not None and num_blocks > 0:
-        per_request = layout.blocks_per_request(max_len)
-        fits_len = longest(
-            layout.blocks_per_request, usable, spec.max_position_embeddings, layout.block_size
+    # Each pipeline stage profiles and sizes its own cache; vLLM then gives every stage the
+    # smallest block count among them (v1/core/kv_cache_utils.py get_kv_cache_configs), so
+    # the stage with the fewest blocks decides.
+    graph_sizes = capture_sizes(seqs, batched, largest=max_capture_size(gpu, spec))
+    block = block_size(spec, gpu, device=device, kv_cache_dtype=s.kv_cache_dtype)
+    state_blocks = state_blocks_per_request(spec, gpu, version)
+    seen: dict[tuple[int, tuple[str, ...]], MemoryBreakdown] = {}
+    for index, (stage_bytes, layers) in enumerate(zip(stages, ranges, strict=True)):
+        kinds = tuple(spec.layer_kinds[i] for i in layers)
+        key = (stage_bytes, kinds)
+        if key in seen:
+            continue
+        graphs = 0
+        if device == "cuda" and not s.enforce_eager:
+            graphs = GRAPH_BYTES_PER_LAYER_AND_SIZE * len(layers) * graph_sizes
+        weights = max(0, stage_bytes // tp - offload)
+        overcommitted = 0
+        if s.kv_cache_memory_bytes is not None:
+            kv_cache = s.kv_cache_memory_bytes
+            if device == "cuda":  # vLLM does not check it (v1/worker/gpu_worker.py)
+                rest = weights + activation + non_torch + graphs
+                overcommitted = rest + kv_cache - gpu.cuda_total_bytes
+        else:
+            in_budget = graphs if version.graphs_in_budget else 0
+            kv_cache = budget - weights - activation - non_torch - in_budget
+        layout = kv_layout(
+            spec,
+            kinds,
+            per_token_layer=per_layer,
+            state_bytes_layer=state_layer,
+            block=block,
+            batched=batched,
+            pp=pp,
+            state_blocks=max(state_blocks, 1),
         )
-        # vLLM logs "KV cache size: int(num_blocks / blocks_per_request * L) tokens".
-        concurrency = num_blocks / per_request
-        tokens = int(concurrency * max_len)
-    return MemoryBreakdown(
-        engine="vllm",
-        dtype=dtype,
-        total_bytes=gpu.cuda_total_bytes,
-        budget_bytes=budget,
-        weights_bytes=weights,
-        activation_bytes=activation,
-        non_torch_bytes=non_torch,
-        cuda_graph_bytes=graphs,
-        kv_cache_bytes=kv_cache,
-        kv_bytes_per_token=per_layer * attn_layers,
-        state_bytes_per_seq=state_layer * state_layers,
-        block_size=layout.block_size if layout else 0,
-        kv_cache_tokens=tokens,
-        max_model_len=max_len,
-        max_model_len_that_fits=fits_len,
-        max_concurrency=round(concurrency, 2),
-        max_num_seqs=seqs,
-        max_num_batched_tokens=batched,
-        kv_block_bytes=layout.bytes_per_block if layout else 0,
-        blocks_per_request=layout.blocks_per_request(max_len) if layout else 0,
-        usable_blocks=max(usable, 0),
-    )
+        num_blocks = kv_cache // layout.bytes_per_block if layout and kv_cache > 0 else 0
+        # Block 0 is the pool's null block (vllm/v1/core/block_pool.py): a request can use
+        # num_blocks - 1 (measured: 512 blocks of 128 tokens admit 65,408 tokens, not 65,536).
+        usable = num_blocks - 1 if version.v1 else num_blocks
+        fits_len = 0
+        concurrency = 0.0
+        tokens = 0
+        if layout is not None and num_blocks > 0:
+            fits_len = longest(
+                layout.blocks_per_request, usable, spec.max_position_embeddings, layout.block_size
+            )
+            # vLLM logs "KV cache size: int(num_blocks / blocks_per_request * L) tokens".
+            concurrency = num_blocks / layout.blocks_per_request(max_len)
+            tokens = int(concurrency * max_len)
+        seen[key] = MemoryBreakdown(
+            engine="vllm",
+            dtype=dtype,
+            total_bytes=gpu.cuda_total_bytes,
+            budget_bytes=budget,
+            weights_bytes=weights,
+            activation_bytes=activation,
+            non_torch_bytes=non_torch,
+            cuda_graph_bytes=graphs,
+            kv_cache_bytes=kv_cache,
+            kv_bytes_per_token=per_layer * sum(1 for k in kinds if k in ATTENTION_KINDS),
+            state_bytes_per_seq=state_layer * sum(1 for k in kinds if k in STATE_KINDS),
+            block_size=layout.block_size if layout else 0,
+            kv_cache_tokens=tokens,
+            max_model_len=max_len,
+            max_model_len_that_fits=fits_len,
+            max_concurrency=round(concurrency, 2),
+            max_num_seqs=seqs,
+            max_num_batched_tokens=batched,
+            kv_block_bytes=layout.bytes_per_block if layout else 0,
+            blocks_per_request=layout.blocks_per_request(max_len) if layout else 0,
+            usable_blocks=max(usable, 0),
+            overcommitted_bytes=max(0, overcommitted),
+            pipeline_stage=index,
+            layout=layout,
+        )
+    return min(seen.values(), key=lambda b: (b.usable_blocks, b.kv_cache_bytes))
 
 
 def _check_parallel(spec: ModelSpec, s: VllmSettings, hardware: Hardware) -> None:
@@ -193,11 +226,12 @@ def _check_parallel(spec: ModelSpec, s: VllmSettings, hardware: Hardware) -> Non
             f"{s.world_size} GPUs, but --gpus is {hardware.count}.",
             hint=f"Pass --gpus {s.world_size} or lower the parallel sizes.",
         )
-    if spec.num_attention_heads % tp:
+    refused = tensor_parallel_refusal(spec, tp)
+    if refused:
+        valid = [n for n in (1, 2, 4, 8, 16) if tensor_parallel_refusal(spec, n) is None]
         raise InvalidSettingError(
-            f"--tensor-parallel-size {tp} does not divide {spec.model_id}'s "
-            f"{spec.num_attention_heads} attention heads.",
-            hint="Use a tensor-parallel size that divides the attention heads (1, 2, 4, 8).",
+            f"vLLM refuses --tensor-parallel-size {tp} for {spec.model_id}: {refused}.",
+            hint=f"Use --tensor-parallel-size {' or '.join(map(str, valid))}.",
         )
     if pp > spec.num_layers:
         raise InvalidSettingError(

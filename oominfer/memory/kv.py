@@ -5,15 +5,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Final
 
-from oominfer.memory.version import CURRENT_VLLM, EngineVersion
+from oominfer.engines.vllm.rules.versions import CURRENT_VLLM, EngineVersion
 from oominfer.model.spec import ModelSpec
-
-# vLLM's paged-attention block: 16 tokens on CUDA (vllm/config/cache.py DEFAULT_BLOCK_SIZE),
-# 128 on the CPU backend (vllm/platforms/cpu.py). Hybrid Mamba models raise it (below).
-GPU_BLOCK_SIZE: Final = 16
-CPU_BLOCK_SIZE: Final = 128
 
 
 def kv_bytes_per_token_layer(
@@ -45,7 +39,7 @@ class KvLayout:
     groups of ``group_size`` layers, and one block is a page in every layer of a group, so
     ``bytes_per_block = group_size x page``. A request needs, per group, cdiv(L, block) blocks
     (full attention), at most cdiv(window - 1 + in-flight tokens, block) + 1 (sliding window),
-    or one block (a recurrent state).
+    or ``state_blocks`` blocks (a recurrent state: engines/vllm/rules/attention.py).
     """
 
     block_size: int
@@ -53,6 +47,7 @@ class KvLayout:
     groups: tuple[tuple[str, int], ...]
     """(kind, number of such groups)."""
     window_tokens: int
+    state_blocks: int = 1
 
     def blocks_per_request(self, length: int) -> int:
         """Blocks one request of ``length`` tokens takes, summed over groups."""
@@ -63,7 +58,7 @@ class KvLayout:
             elif kind == "sliding":
                 per = math.ceil(min(self.window_tokens, length) / self.block_size) + 1
             else:
-                per = 1
+                per = self.state_blocks
             total += per * count
         return total
 
@@ -77,6 +72,7 @@ def kv_layout(
     block: int,
     batched: int,
     pp: int,
+    state_blocks: int = 1,
 ) -> KvLayout | None:
     """The paged-cache layout of the layers ``kinds`` on one GPU; None without attention."""
     counts = {k: kinds.count(k) for k in ("full", "sliding")}
@@ -94,7 +90,7 @@ def kv_layout(
     low, high = min(present.values()), max(present.values())
     group_size = high if high < 1.5 * low else low
     groups = tuple((k, math.ceil(n / group_size)) for k, n in present.items())
-    return KvLayout(block, group_size * page, groups, window)
+    return KvLayout(block, group_size * page, groups, window, state_blocks)
 
 
 def longest(blocks_needed: Callable[[int], int], usable: int, limit: int, block: int) -> int:

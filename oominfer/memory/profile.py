@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Final
 
+from oominfer.engines.vllm.rules.versions import CURRENT_VLLM, EngineVersion
 from oominfer.hardware.hardware import Hardware
-from oominfer.memory.version import CURRENT_VLLM, EngineVersion
 from oominfer.model.spec import ModelSpec
 from oominfer.units import GiB, MiB
 
@@ -49,20 +49,6 @@ def vllm_defaults(hardware: Hardware, *, world_size: int = 1) -> tuple[int, int]
     if gpu.cuda_total_bytes >= 70 * GiB and "a100" not in gpu.name.lower():
         return 8192, 1024
     return 2048, 256
-
-
-def capture_sizes(max_num_seqs: int, max_num_batched_tokens: int) -> int:
-    """How many batch sizes vLLM captures CUDA graphs for (VllmConfig._set_cudagraph_sizes):
-    [1, 2, 4] + range(8, 256, 8) + range(256, cap + 1, 16) (+ max_num_seqs),
-    cap = min(max_num_batched_tokens, 2 * max_num_seqs, 512).
-    """
-    top = min(max_num_batched_tokens, 2 * max_num_seqs, 512)
-    sizes = {s for s in (1, 2, 4) if s <= top}
-    sizes |= set(range(8, min(top + 1, 256), 8))
-    sizes |= set(range(256, top + 1, 16))
-    if max_num_seqs <= top:
-        sizes.add(max_num_seqs)
-    return len(sizes)
 
 
 def activation_bytes(

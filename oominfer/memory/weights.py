@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import math
 from typing import Final
 
+from oominfer.engines.vllm.rules.dtypes import compute_dtype
 from oominfer.errors import InvalidSettingError
 from oominfer.hardware.gpu import GpuSpec
 from oominfer.memory.dtypes import dtype_bytes
 from oominfer.model.spec import ModelSpec, QuantSpec
-from oominfer.settings import dtype_name
 
 # vLLM pads the vocabulary of the embedding and LM head to a multiple of 64
 # (vocab_parallel_embedding.py DEFAULT_VOCAB_PADDING_SIZE).
@@ -17,27 +16,12 @@ VOCAB_PADDING: Final = 64
 
 
 def resolve_dtype(spec: ModelSpec, gpu: GpuSpec, dtype: str) -> str:
-    """The compute dtype vLLM picks: ``auto`` is the checkpoint's 16-bit dtype, and bf16
-    becomes fp16 on GPUs older than compute capability 8.0 (vLLM does the same cast).
+    """The compute dtype vLLM runs the model in (engines/vllm/rules/dtypes.py).
 
     Raises:
-        InvalidSettingError: bf16 was asked for on a GPU that cannot run it.
+        InvalidSettingError: a dtype the GPU or the model refuses.
     """
-    if dtype == "auto":
-        name = dtype_name(spec.torch_dtype)
-        if name not in ("bfloat16", "float16"):
-            name = "bfloat16"  # fp32 checkpoints are served in 16-bit by default
-        if name == "bfloat16" and not gpu.supports_bf16:
-            name = "float16"
-        return name
-    name = dtype_name(dtype)
-    if name == "bfloat16" and not gpu.supports_bf16:
-        cc = ".".join(map(str, gpu.compute_capability))
-        raise InvalidSettingError(
-            f"{gpu.name} (compute capability {cc}) cannot run bfloat16; it needs 8.0 or newer.",
-            hint="Use --dtype float16.",
-        )
-    return name
+    return compute_dtype(spec, gpu, dtype)
 
 
 def weight_format(spec: ModelSpec, quantization: str | None) -> QuantSpec | None:
@@ -58,8 +42,9 @@ def weight_format(spec: ModelSpec, quantization: str | None) -> QuantSpec | None
                 raise InvalidSettingError(
                     f"--quantization {quantization} needs a checkpoint quantized that way, "
                     f"but {spec.model_id} is not.",
-                    hint="Use --quantization fp8 or bitsandbytes for in-flight quantization, "
-                    "or pick a pre-quantized checkpoint.",
+                    hint="Use --quantization fp8_per_tensor (vLLM) or int8/bitsandbytes "
+                    "(--engine transformers) to quantize in flight, or a pre-quantized "
+                    "checkpoint.",
                 )
             raise InvalidSettingError(
                 f"{spec.model_id} is a {spec.quantization.method} checkpoint; it cannot be "
@@ -94,23 +79,56 @@ def weights_bytes(spec: ModelSpec, *, dtype: str, quantization: str | None = Non
     return int(rest * elem + linear_bytes + experts * quant)
 
 
-def layers_on_busiest_stage(spec: ModelSpec, pp: int) -> range:
-    """Layers of the first pipeline stage, which also holds the embedding (the busiest)."""
-    per_stage = math.ceil(spec.num_layers / pp)
-    return range(min(per_stage, spec.num_layers))
+def pp_layer_ranges(num_layers: int, pp: int) -> list[range]:
+    """The layers of each pipeline stage, as vLLM splits them.
+
+    vllm/distributed/utils.py ``get_pp_indices``: every stage gets ``layers // pp`` and the
+    remainder goes one layer each to the stages before the last (the first and the last
+    stage, which also hold the embedding and the LM head, get none of it).
+    """
+    per = num_layers // pp
+    sizes = [per] * pp
+    for i in range(2, num_layers % pp + 2):
+        sizes[-i] += 1
+    starts = [sum(sizes[:i]) for i in range(pp)]
+    return [range(s, s + n) for s, n in zip(starts, sizes, strict=True)]
 
 
-def weights_per_gpu(
-    spec: ModelSpec, total: int, *, tp: int, pp: int, offload: int, elem: int
-) -> int:
-    # vLLM pads the vocabulary to a multiple of 64 in the embedding and in an untied LM head.
-    pad = -spec.vocab_size % VOCAB_PADDING
-    total += pad * spec.hidden_size * elem * (1 if spec.tie_word_embeddings else 2)
-    if pp == 1:
-        return max(0, total // tp - offload)
+def stage_weights(spec: ModelSpec, *, dtype: str, quantization: str | None, pp: int) -> list[int]:
+    """Weights of each pipeline stage, whole (before tensor parallelism), in the engine's
+    format, the vocabulary padded as vLLM pads it.
+
+    The first stage holds the embedding, the last the final norm and the LM head (with tied
+    embeddings the last stage loads the embedding again: vLLM's models build it there when
+    ``tie_word_embeddings``). The parts are counted by role from the architecture and scaled
+    so that the stages add up to ``weights_bytes`` (exact when the checkpoint's sizes are).
+    """
+    fmt = weight_format(spec, quantization)
+    elem = dtype_bytes(dtype)
     p = spec.params
-    layers = layers_on_busiest_stage(spec, pp)
-    share = (
-        p.embedding + sum(p.layer_linear[i] + p.layer_experts[i] + p.layer_other[i] for i in layers)
-    ) / p.total
-    return max(0, int(total * share) // tp - offload)
+    quant = fmt.bytes_per_param if fmt is not None else elem
+    linear = elem if fmt is None or fmt.experts_only else quant
+
+    def layer(i: int) -> float:
+        return p.layer_linear[i] * linear + p.layer_experts[i] * quant + p.layer_other[i] * elem
+
+    layers = [layer(i) for i in range(spec.num_layers)]
+    embedding, lm_head, final = p.embedding * elem, p.lm_head * elem, p.final * elem
+    scale = weights_bytes(spec, dtype=dtype, quantization=quantization) / (
+        embedding + lm_head + final + sum(layers)
+    )
+    pad = -spec.vocab_size % VOCAB_PADDING * spec.hidden_size * elem
+    out = []
+    for index, stage in enumerate(pp_layer_ranges(spec.num_layers, pp)):
+        size = sum(layers[i] for i in stage) * scale
+        first, last = index == 0, index == pp - 1
+        if first:
+            size += embedding * scale + pad
+        if last:
+            size += final * scale
+            if spec.tie_word_embeddings:
+                size += 0 if first else embedding * scale + pad
+            else:
+                size += lm_head * scale + pad
+        out.append(int(size))
+    return out

@@ -9,8 +9,9 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from oominfer.model.config import with_modelopt
-from oominfer.model.spec import Checkpoint
+from oominfer.errors import ModelError
+from oominfer.model.config import spec_from_config, with_modelopt
+from oominfer.model.spec import Checkpoint, ModelSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,3 +61,37 @@ def catalog_entry(name: str) -> CatalogEntry | None:
         total_bytes=entry.get("total_size_bytes"),
     )
     return CatalogEntry(model_id, config, checkpoint, entry.get("source", ""))
+
+
+def _shape(spec: ModelSpec) -> tuple[object, ...]:
+    """What two checkpoints of the same model share whatever their weight format."""
+    return (
+        spec.model_type.split("_")[0],
+        spec.num_layers,
+        spec.hidden_size,
+        spec.num_attention_heads,
+        spec.num_kv_heads,
+        spec.vocab_size,
+        spec.num_experts,
+    )
+
+
+@functools.cache
+def _quantized_by_shape() -> dict[tuple[object, ...], tuple[str, ...]]:
+    found: dict[tuple[object, ...], list[str]] = {}
+    for model_id in catalog_ids():
+        entry = catalog_entry(model_id)
+        if entry is None or "quantization_config" not in entry.config:
+            continue
+        try:
+            spec = spec_from_config(entry.config, model_id=model_id, checkpoint=entry.checkpoint)
+        except ModelError:
+            continue
+        found.setdefault(_shape(spec), []).append(model_id)
+    return {shape: tuple(ids) for shape, ids in found.items()}
+
+
+def quantized_siblings(spec: ModelSpec) -> tuple[str, ...]:
+    """Pre-quantized checkpoints in the catalog of the same model (the same architecture
+    shape), smallest formats last."""
+    return tuple(m for m in _quantized_by_shape().get(_shape(spec), ()) if m != spec.model_id)

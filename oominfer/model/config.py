@@ -229,18 +229,25 @@ def _every(layers: int, is_full: Callable[[int], bool]) -> tuple[LayerKind, ...]
 
 
 def _max_len(r: ConfigReader) -> int:
-    """The context vLLM derives from config.json (vllm.config.model._get_and_verify_max_len)."""
+    """The context vLLM derives from config.json: the smallest of the length keys, replaced by
+    ``model_max_length`` when the config sets one (Command-R), then scaled by RoPE
+    (transformers_utils/model_arch_config_convertor.py derive_max_model_len_and_key,
+    config/model.py _get_and_verify_max_len; 0.32 and 0.33)."""
     keys = (
         "max_position_embeddings",
         "n_positions",
         "max_seq_len",
         "seq_length",
+        "model_max_length",
+        "max_target_positions",
         "max_sequence_length",
         "max_seq_length",
         "seq_len",
     )
     found = [n for k in keys if (n := r.integer(k, default=0)) > 0]
     length = min(found) if found else 2048
+    if (model_max_length := r.integer("model_max_length", default=0)) > 0:
+        length = model_max_length
     rope = _rope(r)
     model_type = str(r.cfg.get("model_type", ""))
     if rope is not None and "gemma3" not in model_type:
@@ -286,9 +293,15 @@ def _quant_spec(qc: ConfigReader | None, model_id: str) -> QuantSpec | None:
             if not bits:
                 raise qc.invalid("bits", bits, "a positive number of bits")
             name = "gptq" if method.startswith("auto") else method.removesuffix("_marlin")
-            return QuantSpec(method=name, bits=bits, group_size=group)
+            return QuantSpec(
+                method=name,
+                bits=bits,
+                group_size=group,
+                desc_act=qc.flag("desc_act", False),
+                symmetric=qc.flag("sym", True),
+            )
         case "fp8" | "fbgemm_fp8":
-            return QuantSpec(method="fp8", bits=8)
+            return QuantSpec(method=method, bits=8)
         case "mxfp4":
             return QuantSpec(method="mxfp4", bits=4, group_size=32, experts_only=True)
         case "bitsandbytes":
@@ -297,7 +310,9 @@ def _quant_spec(qc: ConfigReader | None, model_id: str) -> QuantSpec | None:
             return _compressed_tensors(qc)
         case "modelopt":
             algo = qc.text("quant_algo", "FP8").upper()
-            return QuantSpec(method="modelopt", bits=4.5 if "FP4" in algo else 8)
+            if "FP4" in algo:
+                return QuantSpec(method="modelopt_fp4", bits=4.5)
+            return QuantSpec(method="modelopt", bits=8)
         case "":
             raise UnsupportedConfigError(f"{model_id}: quantization_config has no quant_method.")
         case _:

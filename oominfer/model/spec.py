@@ -44,6 +44,10 @@ class QuantSpec:
     """Elements sharing one scale; None for per-channel or per-tensor scales."""
     experts_only: bool = False
     """Only the routed experts are quantized (gpt-oss MXFP4)."""
+    desc_act: bool = False
+    """GPTQ group activation ordering (act-order), which vLLM 0.32/0.33 no longer runs."""
+    symmetric: bool = True
+    """Symmetric integer quantization (GPTQ's ``sym``); vLLM runs 4-bit GPTQ symmetric only."""
 
     @property
     def bytes_per_param(self) -> float:

@@ -5,11 +5,30 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final, Literal, get_args
 
+from oominfer.engines.vllm.rules.versions import LATEST_VLLM, EngineVersion
 from oominfer.errors import InvalidSettingError
 from oominfer.settings import Dtype, Engine
 
-Prefer = Literal["context", "throughput", "quality"]
+Prefer = Literal["balanced", "context", "throughput", "quality"]
+"""What the plan trades for what (planning/costs.py orders the levers for each):
+
+- ``balanced`` (the default): vLLM's defaults when they fit; else give up context down to a
+  practical length before anything else, then the cheapest levers in quality and speed.
+- ``context``: the longest context (up to ``--max-model-len`` or the trained length), with
+  whatever levers that takes.
+- ``throughput``: the most concurrent requests of a typical length, CUDA graphs on.
+- ``quality``: no quantization of weights or KV cache; the context shrinks instead.
+"""
 PREFERENCES: Final = get_args(Prefer)
+
+PRACTICAL_CONTEXT: Final = 8192
+"""The context a plan gives up only when nothing else is left, when ``--min-context`` is not
+given: long enough for chat and most RAG prompts (capped at the model's trained length)."""
+SHORTEST_CONTEXT: Final = 2048
+"""Without ``--min-context`` no plan serves less than this (or the trained length): a shorter
+context turns away ordinary prompts, so it is reported as not fitting, with the way out."""
+TYPICAL_LENGTH: Final = 4096
+"""Tokens (prompt + output) of a typical request, for the concurrency the plan promises."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -20,11 +39,14 @@ class Constraints:
     """The engine to plan for."""
     dtype: Dtype = "auto"
     """The compute dtype; ``auto`` is the GPU's best 16-bit type for the checkpoint."""
-    prefer: Prefer = "context"
-    min_context: int = 1
-    """The shortest context acceptable (--min-context)."""
+    prefer: Prefer = "balanced"
+    min_context: int | None = None
+    """The shortest context acceptable (--min-context); None: the practical length
+    (PRACTICAL_CONTEXT), given up only when nothing else fits."""
+    typical_length: int = TYPICAL_LENGTH
+    """Tokens of a typical request (--typical-length): the concurrency is counted in these."""
     concurrency: int | None = None
-    """Sequences that must run at once (--concurrency)."""
+    """Requests of the typical length that must run at once (--concurrency)."""
     max_model_len: int | None = None
     """A cap on the context (--max-model-len)."""
     no_quantize: bool = False
@@ -35,20 +57,52 @@ class Constraints:
     """CPU serving: the KV-cache budget (vLLM's --kv-cache-memory-bytes)."""
     gpus_per_node: int = 8
     """GPUs of one node: tensor parallelism stays within a node, pipeline stages span nodes."""
+    engine_version: str | None = None
+    """The vLLM release to plan for (``0.33``, ``vllm 0.32.0``); None: the latest known."""
 
     def __post_init__(self) -> None:
         """Reject constraints that cannot hold together."""
         if self.prefer not in PREFERENCES:
             raise InvalidSettingError(f"--prefer must be one of {', '.join(PREFERENCES)}.")
-        if self.min_context < 1:
-            raise InvalidSettingError(f"--min-context must be positive, got {self.min_context}.")
-        if self.concurrency is not None and self.concurrency < 1:
-            raise InvalidSettingError(f"--concurrency must be positive, got {self.concurrency}.")
-        if self.gpus_per_node < 1:
-            raise InvalidSettingError(
-                f"--gpus-per-node must be positive, got {self.gpus_per_node}."
-            )
-        if self.max_model_len is not None and self.max_model_len < self.min_context:
+        for flag, value in (
+            ("--min-context", self.min_context),
+            ("--typical-length", self.typical_length),
+            ("--concurrency", self.concurrency),
+            ("--max-model-len", self.max_model_len),
+            ("--gpus-per-node", self.gpus_per_node),
+        ):
+            if value is not None and value < 1:
+                raise InvalidSettingError(f"{flag} must be positive, got {value}.")
+        if (
+            self.max_model_len is not None
+            and self.min_context is not None
+            and self.max_model_len < self.min_context
+        ):
             raise InvalidSettingError(
                 f"--max-model-len {self.max_model_len} is below --min-context {self.min_context}."
             )
+
+    def floor(self, trained: int) -> int:
+        """The context below which a plan only goes when nothing else is left."""
+        cap = min(trained, self.max_model_len or trained)
+        return min(self.min_context or PRACTICAL_CONTEXT, cap)
+
+    def hard_floor(self, trained: int) -> int:
+        """The context no plan goes below: --min-context, else SHORTEST_CONTEXT (capped)."""
+        cap = min(trained, self.max_model_len or trained)
+        return self.min_context or min(SHORTEST_CONTEXT, cap)
+
+    @property
+    def vllm_version(self) -> EngineVersion:
+        """The vLLM release whose memory profile and rules the plan follows."""
+        return EngineVersion.parse(self.engine_version) if self.engine_version else LATEST_VLLM
+
+    @property
+    def quantizes_kv(self) -> bool:
+        """An FP8 KV cache is allowed (not with ``--prefer quality``)."""
+        return self.prefer != "quality"
+
+    @property
+    def quantizes_weights(self) -> bool:
+        """Weight quantization is allowed (not with --no-quantize or ``--prefer quality``)."""
+        return not self.no_quantize and self.prefer != "quality"

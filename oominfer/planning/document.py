@@ -42,6 +42,7 @@ class Prediction:
     max_concurrency: float = 0.0
     fits: bool = False
     shortfall_bytes: int = 0
+    overcommitted_bytes: int = 0
 
     @classmethod
     def of(cls, b: MemoryBreakdown) -> Prediction:
@@ -63,6 +64,7 @@ class Prediction:
             max_concurrency=b.max_concurrency,
             fits=b.fits,
             shortfall_bytes=b.shortfall_bytes,
+            overcommitted_bytes=b.overcommitted_bytes,
         )
 
     @classmethod
@@ -113,6 +115,35 @@ class Verification:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Concurrency:
+    """How many requests one replica runs at once, in the lengths users think in."""
+
+    typical_length: int
+    """Tokens (prompt + output) of a typical request (--typical-length)."""
+    typical_requests: int
+    """Requests of the typical length running at once: the KV pool, capped by max_num_seqs."""
+    full_length_requests: float
+    """Requests of max_model_len tokens the KV pool holds at once."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Alternative:
+    """A plan the search set aside, what picking it would trade, and the flag that picks it."""
+
+    name: str
+    """What it is best at: "longest context", "most concurrency", "native precision"..."""
+    flag: str
+    """The flag that picks it (``--prefer context``)."""
+    settings: VllmSettings
+    replicas: int = 1
+    concurrency: Concurrency | None = None
+    turns: tuple[str, ...] = ()
+    """Levers it turns that the plan does not (planning/costs.py names)."""
+    spares: tuple[str, ...] = ()
+    """Levers the plan turns that it does not."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Plan:
     """A serving configuration for one model on one kind of hardware."""
 
@@ -131,7 +162,14 @@ class Plan:
     """The estimator's per-GPU breakdown of this plan."""
     baseline: Prediction | None = None
     """What vLLM's defaults would do on the same hardware (None when not estimated)."""
+    replicas: int = 1
+    """Replicas of this layout the given GPUs serve (Deployment replicas in Kubernetes, vLLM's
+    --data-parallel-size on one machine)."""
+    concurrency: Concurrency | None = None
+    """Requests one replica runs at once."""
     levers: tuple[Lever, ...] = ()
+    alternatives: tuple[Alternative, ...] = ()
+    """The nearest plans the search set aside, each with what it would trade."""
     constraints: dict[str, Any] = field(default_factory=dict)
     verification: Verification | None = None
     created_at: str = ""
@@ -205,6 +243,9 @@ def plan_from_dict(data: Any, *, source: str = "plan") -> Plan:
             settings=VllmSettings(**_section(data, "settings")),
             predicted=_prediction(data.get("predicted")),
             baseline=_prediction(data.get("baseline")),
+            replicas=int(data.get("replicas", 1)),
+            concurrency=_concurrency(data.get("concurrency")),
+            alternatives=tuple(_alternative(a) for a in _list(data, "alternatives")),
             levers=tuple(Lever(**_object(lever, "a lever")) for lever in _list(data, "levers")),
             constraints=_section(data, "constraints"),
             verification=Verification(**ver) if ver else None,
@@ -283,6 +324,22 @@ def _prediction(data: Any) -> Prediction | None:
     if data is None or data == {}:
         return None
     return Prediction.from_dict(_object(data, "'predicted'"))
+
+
+def _concurrency(data: Any) -> Concurrency | None:
+    return Concurrency(**data) if data else None
+
+
+def _alternative(data: Any) -> Alternative:
+    return Alternative(
+        name=str(data["name"]),
+        flag=str(data["flag"]),
+        settings=VllmSettings(**data["settings"]),
+        replicas=int(data.get("replicas", 1)),
+        concurrency=_concurrency(data.get("concurrency")),
+        turns=tuple(data.get("turns") or ()),
+        spares=tuple(data.get("spares") or ()),
+    )
 
 
 def plan_from_json(text: str, *, source: str = "plan") -> Plan:

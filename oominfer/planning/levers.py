@@ -5,11 +5,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from oominfer.engines.vllm.rules.versions import EngineVersion
 from oominfer.errors import InvalidSettingError
 from oominfer.hardware.hardware import Hardware
 from oominfer.memory.estimate import estimate
 from oominfer.memory.profile import vllm_defaults
 from oominfer.model.spec import ModelSpec
+from oominfer.planning.costs import why
 from oominfer.planning.document import Lever
 from oominfer.planning.search import Candidate
 from oominfer.settings import Engine, VllmSettings
@@ -22,6 +24,7 @@ def explain(
     best: Candidate,
     *,
     engine: Engine,
+    version: EngineVersion,
 ) -> tuple[Lever, ...]:
     """Each lever the chosen plan turned, why, the bytes it saved and what it costs."""
     s, b = best.settings, best.breakdown
@@ -38,7 +41,7 @@ def explain(
     def saved(other: VllmSettings) -> int:
         """Non-KV bytes the chosen plan saves over ``other`` (itself with a lever put back)."""
         try:
-            o = estimate(spec, hardware=hardware, settings=other, engine=engine)
+            o = estimate(spec, hardware=hardware, settings=other, engine=engine, version=version)
         except InvalidSettingError:
             return 0
         return max(0, o.non_kv_bytes - b.non_kv_bytes)
@@ -52,41 +55,42 @@ def explain(
 
     if (s.max_num_seqs or default_seqs) < default_seqs:
         add("max_num_seqs", s.max_num_seqs,
-            f"fewer concurrent sequences than vLLM's {default_seqs}: a smaller sampler peak "
-            "and fewer CUDA graphs", "fewer requests served at once",
-            without(max_num_seqs=None))  # fmt: skip
+            f"below vLLM's {default_seqs}, the last lever before giving up: {why('fewer_seqs')}",
+            "fewer requests served at once", without(max_num_seqs=None))  # fmt: skip
     if s.max_num_batched_tokens is not None and s.max_num_batched_tokens < default_tokens:
         add("max_num_batched_tokens", s.max_num_batched_tokens,
-            "a smaller prefill chunk lowers the activation peak",
-            "slower prefill of long prompts", without(max_num_batched_tokens=None))  # fmt: skip
+            why("smaller_chunk"), "slower prefill of long prompts",
+            without(max_num_batched_tokens=None))  # fmt: skip
     if best.context < spec.max_position_embeddings:
         add("max_model_len", best.context,
-            f"the model's {spec.max_position_embeddings:,} tokens do not fit (or were capped); "
-            "this is the longest that does",
+            f"the longest context that fits without costlier levers (the model's "
+            f"{spec.max_position_embeddings:,} tokens: --prefer context): {why('shorter_context')}",
             f"prompts + outputs limited to {best.context:,} tokens",
             b.kv_bytes_per_token * (spec.max_position_embeddings - best.context))  # fmt: skip
     if s.enforce_eager:
         graphs = without(enforce_eager=False)
         add("enforce_eager", True, f"frees {format_bytes(graphs)} of CUDA graphs",
-            "decode is slower", graphs)  # fmt: skip
+            why("eager"), graphs)  # fmt: skip
     if s.kv_cache_dtype != defaults.kv_cache_dtype:
-        add("kv_cache_dtype", s.kv_cache_dtype, "an FP8 KV cache holds twice the tokens",
+        add("kv_cache_dtype", s.kv_cache_dtype, why("kv_quantization"),
             "slight accuracy loss on long contexts",
             b.kv_cache_tokens * b.kv_bytes_per_token)  # fmt: skip
     if s.quantization is not None:
-        add("quantization", s.quantization, "the 16-bit weights leave too little room",
-            "some accuracy loss", without(quantization=None))  # fmt: skip
+        add("quantization", s.quantization,
+            "the 16-bit weights leave too little room for the context asked for",
+            why("weight_quantization"), without(quantization=None))  # fmt: skip
     if s.tensor_parallel_size > 1:
         add("tensor_parallel_size", s.tensor_parallel_size,
-            f"the weights are split over {s.tensor_parallel_size} GPUs", "more GPUs",
+            f"the weights are split over {s.tensor_parallel_size} GPUs of a node",
+            why("gpus"),
             without(tensor_parallel_size=1))  # fmt: skip
     if s.pipeline_parallel_size > 1:
         add("pipeline_parallel_size", s.pipeline_parallel_size,
-            "the layers are split into stages", "more GPUs; pipeline bubbles")  # fmt: skip
+            "the layers are split into stages across nodes", why("pipeline"))  # fmt: skip
     if s.cpu_offload_gb:
         add("cpu_offload_gb", s.cpu_offload_gb,
             "the weights do not fit even quantized; part stays in host memory",
-            "every forward pass copies them in", int(s.cpu_offload_gb * GiB))  # fmt: skip
+            why("cpu_offload"), int(s.cpu_offload_gb * GiB))  # fmt: skip
     if s.gpu_memory_utilization != defaults.gpu_memory_utilization:
         add("gpu_memory_utilization", s.gpu_memory_utilization,
             "set by --gpu-memory-utilization, or to what is free on the GPU",

@@ -3,28 +3,53 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import Final
 
-from oominfer.planning.constraints import Prefer
+from oominfer.hardware.hardware import Hardware
+from oominfer.memory.profile import vllm_defaults
+from oominfer.model.spec import ModelSpec
+from oominfer.planning.constraints import Constraints, Prefer
+from oominfer.planning.costs import Costs, concurrency_steps, halvings
 from oominfer.planning.search import Candidate
 
-# Quality cost of each weight format, lower is better (the planner prefers the cheapest).
-_QUANT_RANK: Final = {None: 0, "fp8_per_tensor": 1, "int8": 2, "bitsandbytes": 3}
+QUANTIZATION_RANK: Final = {
+    None: 0,
+    "fp8_per_tensor": 1,
+    "fp8": 1,
+    "int8": 2,
+    "bitsandbytes": 3,
+}
+"""Quality cost of each in-flight weight format (a checkpoint's own format costs nothing
+more: its accuracy is what the model is)."""
 
 
-def sort_key(cand: Candidate, prefer: Prefer) -> tuple[float, ...]:
-    """Sort key: smaller is better."""
-    s, b = cand.settings, cand.breakdown
-    quant = _QUANT_RANK.get(s.quantization, 1)
-    kv = 1 if s.kv_cache_dtype != "auto" else 0
-    gpus = s.world_size
-    pp = s.pipeline_parallel_size  # within a node tensor parallel beats pipeline stages
-    seqs = min(s.max_num_seqs or 1, math.floor(max(b.max_concurrency, 0)))
-    batched = -(s.max_num_batched_tokens or 1 << 30)
-    match prefer:
-        case "throughput":
-            return (-seqs, int(s.enforce_eager), gpus, pp, quant, kv, batched, -cand.context)
-        case "quality":
-            return (quant, kv, gpus, pp, -cand.context, int(s.enforce_eager), -seqs, batched)
-        case _:
-            return (-cand.context, quant, kv, gpus, pp, -seqs, int(s.enforce_eager), batched)
+def costs(cand: Candidate, spec: ModelSpec, hardware: Hardware, c: Constraints) -> Costs:
+    """The costs ``cand`` pays, against vLLM's defaults on this hardware."""
+    s = cand.settings
+    default_chunk, default_seqs = vllm_defaults(hardware)
+    return Costs(
+        cpu_offload=math.ceil(s.cpu_offload_gb),
+        below_floor=max(0, c.floor(spec.max_position_embeddings) - cand.context),
+        fewer_seqs=halvings(default_seqs, s.max_num_seqs or default_seqs),
+        eager=int(s.enforce_eager),
+        weight_quantization=QUANTIZATION_RANK.get(s.quantization, 1),
+        smaller_chunk=halvings(default_chunk, s.max_num_batched_tokens or default_chunk),
+        gpus=s.world_size,
+        kv_quantization=int(s.kv_cache_dtype != "auto"),
+        pipeline=s.pipeline_parallel_size,
+        shorter_context=-cand.context,
+        less_concurrency=-concurrency_steps(cand.total_running),
+    )
+
+
+def best(
+    found: Iterable[Candidate],
+    spec: ModelSpec,
+    hardware: Hardware,
+    c: Constraints,
+    prefer: Prefer | None = None,
+) -> Candidate | None:
+    """The candidate ``prefer`` (default: the constraints') likes best; None if none."""
+    order = prefer or c.prefer
+    return min(found, key=lambda cand: costs(cand, spec, hardware, c).key(order), default=None)

@@ -1,11 +1,13 @@
-"""The planner: search the levers jointly with the estimator and pick by an objective. Pure.
+"""The planner: do no harm, else search the levers and pick by an objective. Pure.
 
-Levers, cheapest in quality first (DESIGN.md): inference mode (always), the GPU's best
-16-bit dtype, fewer concurrent sequences and a smaller prefill chunk, a shorter context,
-no CUDA graphs, an FP8 KV cache, weight quantization, more GPUs (tensor, then pipeline
-parallel), and CPU offload of weights only when allowed. Every candidate is scored by the
-estimator (``search``); the objective orders them (``objective``); the chosen plan names
-each lever turned, why, and the bytes it saved (``levers``).
+1. Do no harm: when vLLM's defaults fit on the fewest GPUs that hold the model, the plan is
+   vLLM's defaults (and the spare GPUs serve replicas).
+2. Otherwise every configuration on the lever grid is scored by the estimator (``search``)
+   and the objective of ``--prefer`` picks one (``objective``, with the lever costs in
+   ``costs``). The chosen plan names each lever turned, why and the bytes it saved
+   (``levers``), and the nearest plans the other objectives would pick (``alternatives``).
+3. When nothing fits, the error gives the shortfall and the ways out that would fit
+   (``no_fit``).
 """
 
 from __future__ import annotations
@@ -16,71 +18,167 @@ from dataclasses import dataclass
 from oominfer.errors import InvalidSettingError
 from oominfer.hardware.hardware import Hardware
 from oominfer.memory.breakdown import MemoryBreakdown
-from oominfer.memory.estimate import estimate
 from oominfer.model.spec import ModelSpec
-from oominfer.planning.constraints import Constraints
-from oominfer.planning.document import Lever
+from oominfer.planning.constraints import Constraints, Prefer
+from oominfer.planning.document import Alternative, Concurrency, Lever
+from oominfer.planning.layout import layouts, on_layout
 from oominfer.planning.levers import explain
 from oominfer.planning.no_fit import does_not_fit
-from oominfer.planning.objective import sort_key
-from oominfer.planning.search import Candidate, candidates, with_offload
-from oominfer.settings import Dtype, VllmSettings
+from oominfer.planning.objective import best, costs
+from oominfer.planning.refusals import check_checkpoint, engine_for
+from oominfer.planning.search import (
+    Candidate,
+    candidates,
+    default_settings,
+    estimate_for,
+    settle,
+    with_offload,
+)
+from oominfer.settings import Dtype, Engine, VllmSettings
+
+ALTERNATIVES: tuple[tuple[Prefer, str], ...] = (
+    ("context", "longest context"),
+    ("throughput", "most concurrency"),
+    ("quality", "native precision"),
+    ("balanced", "balanced"),
+)
+"""The objectives whose picks are shown beside the plan, and what each is best at."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PlanResult:
-    """The chosen configuration, its breakdown, the levers turned, and vLLM's defaults."""
+    """The chosen configuration, its breakdown, the levers turned, and what was set aside."""
 
+    engine: Engine = "vllm"
+    """The engine the plan runs on (a bitsandbytes checkpoint moves it to transformers)."""
     settings: VllmSettings
     breakdown: MemoryBreakdown
     levers: tuple[Lever, ...]
     baseline: MemoryBreakdown | None
     """vLLM's defaults on the same hardware (None when they cannot even be estimated)."""
     candidates: int
+    replicas: int = 1
+    concurrency: Concurrency | None = None
+    alternatives: tuple[Alternative, ...] = ()
+    defaults_fit: bool = False
+    """The plan is vLLM's defaults (do no harm)."""
 
 
-def plan(
-    spec: ModelSpec,
-    hardware: Hardware,
-    constraints: Constraints,
-) -> PlanResult:
+def plan(spec: ModelSpec, hardware: Hardware, constraints: Constraints) -> PlanResult:
     """The best configuration under ``constraints``, with the levers it turned.
 
     Raises:
         DoesNotFitError: nothing fits; the message gives the shortfall and the ways out.
+        InvalidSettingError: the engine cannot run this checkpoint or dtype on this GPU.
     """
-    engine, dtype = constraints.engine, constraints.dtype
-    found = list(candidates(spec, hardware, constraints))
-    if not found and constraints.allow_offload and not hardware.is_cpu:
-        found = with_offload(spec, hardware, constraints)
-    if not found:
-        raise does_not_fit(spec, hardware, constraints)
-    best = min(found, key=lambda cand: sort_key(cand, constraints.prefer))
-    # Record the dtype the engine will run (bf16 needs compute capability 8.0).
-    chosen: Dtype = dtype if dtype != "auto" else best.breakdown.dtype  # type: ignore[assignment]
-    best_settings = dataclasses.replace(best.settings, dtype=chosen)
-    best = Candidate(
-        settings=best_settings,
-        breakdown=estimate(spec, hardware=hardware, settings=best_settings, engine=engine),
-    )
-    baseline = _baseline(spec, hardware, constraints)
-    levers = explain(spec, hardware, best, engine=engine)
+    c, switched = engine_for(spec, constraints)
+    check_checkpoint(spec, hardware, c)
+    found = list(candidates(spec, hardware, c))
+    chosen = _defaults_that_fit(spec, hardware, c)
+    defaults_fit = chosen is not None
+    if chosen is None:
+        chosen = best(found, spec, hardware, c)
+    if chosen is None and c.allow_offload and not hardware.is_cpu:
+        found = with_offload(spec, hardware, c)
+        chosen = best(found, spec, hardware, c)
+    if chosen is None:
+        raise does_not_fit(spec, hardware, c)
+    chosen = _with_dtype(spec, hardware, c, chosen)
+    levers = explain(spec, hardware, chosen, engine=c.engine, version=c.vllm_version)
+    if switched is not None:
+        levers = (*levers[:2], switched, *levers[2:])
     return PlanResult(
-        settings=best.settings,
-        breakdown=best.breakdown,
+        engine=c.engine,
+        settings=chosen.settings,
+        breakdown=chosen.breakdown,
         levers=levers,
-        baseline=baseline,
+        baseline=_baseline(spec, hardware, c),
         candidates=len(found),
+        replicas=chosen.replicas,
+        concurrency=concurrency(chosen),
+        alternatives=_alternatives(spec, hardware, c, chosen, found),
+        defaults_fit=defaults_fit,
     )
+
+
+def concurrency(cand: Candidate) -> Concurrency:
+    """The plan's concurrency in typical requests and in full-length ones."""
+    return Concurrency(
+        typical_length=min(cand.typical_length, cand.context),
+        typical_requests=cand.running,
+        full_length_requests=cand.breakdown.max_concurrency,
+    )
+
+
+def _defaults_that_fit(spec: ModelSpec, hardware: Hardware, c: Constraints) -> Candidate | None:
+    """vLLM's defaults on the fewest GPUs where they fit at full context, or None."""
+    defaults = default_settings(spec, hardware, c)
+    for layout in layouts(spec, hardware, c):
+        found = settle(spec, hardware, c, on_layout(defaults, layout, c), layout)
+        if found is not None and found.context == defaults.max_model_len:
+            return found
+    return None
+
+
+def _with_dtype(spec: ModelSpec, hardware: Hardware, c: Constraints, cand: Candidate) -> Candidate:
+    """The candidate with the dtype the engine will run written out (bf16 needs 8.0)."""
+    chosen: Dtype = c.dtype if c.dtype != "auto" else cand.breakdown.dtype  # type: ignore[assignment]
+    settings = dataclasses.replace(cand.settings, dtype=chosen)
+    b = estimate_for(spec, hardware, settings, c)
+    return dataclasses.replace(cand, settings=settings, breakdown=b)
 
 
 def _baseline(spec: ModelSpec, hardware: Hardware, c: Constraints) -> MemoryBreakdown | None:
-    """What vLLM's defaults would do on this hardware."""
-    settings = VllmSettings(
-        gpu_memory_utilization=c.gpu_memory_utilization or VllmSettings().gpu_memory_utilization,
-        kv_cache_memory_bytes=c.kv_cache_memory_bytes,
-    )
+    """What vLLM's defaults would do on this hardware (one GPU per replica)."""
     try:
-        return estimate(spec, hardware=hardware, settings=settings, engine=c.engine)
+        return estimate_for(spec, hardware, default_settings(spec, hardware, c), c)
     except InvalidSettingError:
         return None
+
+
+def _alternatives(
+    spec: ModelSpec,
+    hardware: Hardware,
+    c: Constraints,
+    chosen: Candidate,
+    found: list[Candidate],
+) -> tuple[Alternative, ...]:
+    """What each other objective would pick, where it differs from the plan."""
+    mine = costs(chosen, spec, hardware, c)
+    out: list[Alternative] = []
+    seen: dict[VllmSettings, int] = {dataclasses.replace(chosen.settings, dtype="auto"): -1}
+    for prefer, name in ALTERNATIVES:
+        if prefer == c.prefer:
+            continue
+        # Each objective with its own filters: --prefer quality quantizes nothing.
+        other = dataclasses.replace(c, prefer=prefer)
+        pool = [
+            cand
+            for cand in found
+            if (other.quantizes_weights or cand.settings.quantization is None)
+            and (other.quantizes_kv or cand.settings.kv_cache_dtype == "auto")
+        ]
+        pick = best(pool, spec, hardware, other)
+        if pick is None or seen.get(pick.settings) == -1:
+            continue
+        if pick.settings in seen:  # the same plan is best at two things
+            i = seen[pick.settings]
+            out[i] = dataclasses.replace(
+                out[i], name=f"{out[i].name}, {name}", flag=f"{out[i].flag} (or {prefer})"
+            )
+            continue
+        seen[pick.settings] = len(out)
+        pick = _with_dtype(spec, hardware, c, pick)
+        theirs = costs(pick, spec, hardware, c)
+        out.append(
+            Alternative(
+                name=name,
+                flag=f"--prefer {prefer}",
+                settings=pick.settings,
+                replicas=pick.replicas,
+                concurrency=concurrency(pick),
+                turns=tuple(theirs.turned(mine)),
+                spares=tuple(mine.turned(theirs)),
+            )
+        )
+    return tuple(out)

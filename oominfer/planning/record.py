@@ -71,11 +71,14 @@ def make_plan(
         revision=spec.revision,
         device=hardware.device,
         gpu=hardware_facts(hardware),
-        engine=constraints.engine,
+        engine=result.engine,
         engine_version=engine_version,
         settings=result.settings,
         predicted=Prediction.of(result.breakdown),
         baseline=Prediction.of(result.baseline) if result.baseline else None,
+        replicas=result.replicas,
+        concurrency=result.concurrency,
+        alternatives=result.alternatives,
         # A lever the engine's measurement turned replaces the planner's lever of that name.
         levers=tuple(lv for lv in result.levers if lv.name not in {e.name for e in extra_levers})
         + extra_levers,

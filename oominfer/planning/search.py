@@ -1,4 +1,9 @@
-"""The search: every configuration on the lever grid, scored by the estimator. Pure."""
+"""The search: every configuration on the lever grid, each at the longest context it fits.
+
+Pure. A configuration is a layout (tensor x pipeline parallel), a weight format, a KV-cache
+dtype, CUDA graphs or not, a max_num_seqs and a prefill chunk; the estimator gives each the
+longest context it holds (up to the cap), and the objective (``objective``) picks among them.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Final
 
+from oominfer.engines.vllm.rules import kv_cache as kv_cache_rules
+from oominfer.engines.vllm.rules import quantization as quantization_rules
+from oominfer.engines.vllm.rules.dtypes import compute_dtype
 from oominfer.errors import InvalidSettingError
 from oominfer.hardware.hardware import Hardware
 from oominfer.memory.breakdown import MemoryBreakdown
@@ -15,171 +23,272 @@ from oominfer.memory.estimate import estimate
 from oominfer.memory.profile import vllm_defaults
 from oominfer.model.spec import ModelSpec
 from oominfer.planning.constraints import Constraints
+from oominfer.planning.costs import WEIGHT_ONLY_FP8
+from oominfer.planning.layout import Layout, executor_backend, layouts, on_layout, replicas
 from oominfer.settings import KvCacheDtype, Quantization, VllmSettings
 from oominfer.units import GiB, MiB
 
 SEQ_STEPS: Final = (1024, 512, 256, 128, 64, 32, 16, 8, 4, 2, 1)
-BATCHED_STEPS: Final = (None, 1024, 512)
+CHUNK_STEPS: Final = (1024, 512)
+"""Prefill chunks (max_num_batched_tokens) tried below vLLM's default."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Candidate:
-    """One scored configuration."""
+    """One configuration that fits, at the longest context it holds."""
 
     settings: VllmSettings
     breakdown: MemoryBreakdown
+    replicas: int = 1
+    """Replicas the given GPUs serve with this layout."""
+    typical_length: int
+    """Tokens of a typical request (the concurrency is counted in these)."""
 
     @property
     def context(self) -> int:
         """The context this candidate serves."""
         return self.settings.max_model_len or self.breakdown.max_model_len
 
+    @property
+    def running(self) -> int:
+        """Requests of a typical length one replica runs at once."""
+        return self.breakdown.running_at(min(self.typical_length, self.context))
 
-def divisors(spec: ModelSpec, gpus: int) -> list[int]:
-    """Tensor-parallel sizes up to ``gpus`` that divide the attention heads."""
-    return [tp for tp in (1, 2, 4, 8, 16) if tp <= gpus and spec.num_attention_heads % tp == 0]
+    @property
+    def total_running(self) -> int:
+        """Requests of a typical length all replicas run at once."""
+        return self.replicas * self.running
 
 
-def _quantizations(
+def weight_formats(
     spec: ModelSpec, hardware: Hardware, c: Constraints
 ) -> list[Quantization | None]:
-    """Weight formats to try: the checkpoint's own, then in-flight ones the engine has."""
-    if spec.quantization is not None or c.no_quantize:
+    """Weight formats to try: the checkpoint's own, then in-flight ones the engine accepts
+    here (engines/vllm/rules/quantization.py)."""
+    if spec.quantization is not None or not c.quantizes_weights:
         return [None]
-    if c.engine == "transformers":
-        return [None, "int8", "bitsandbytes"]
-    return [None, "fp8_per_tensor"] if hardware.gpu.supports_fp8 else [None]
+    online: tuple[Quantization, ...] = (
+        ("int8", "bitsandbytes") if c.engine == "transformers" else ("fp8_per_tensor",)
+    )
+    if c.engine == "vllm" and (
+        hardware.is_cpu or (not hardware.gpu.supports_fp8 and c.prefer not in WEIGHT_ONLY_FP8)
+    ):
+        return [None]
+    dtype = compute_dtype(spec, hardware.gpu, c.dtype)
+    return [None] + [
+        q
+        for q in online
+        if quantization_rules.refusal(
+            q, gpu=hardware.gpu, dtype=dtype, engine=c.engine, device=hardware.device
+        )
+        is None
+    ]
+
+
+def kv_cache_dtypes(spec: ModelSpec, hardware: Hardware, c: Constraints) -> list[KvCacheDtype]:
+    """KV-cache dtypes to try: the model's, then FP8 where vLLM runs it
+    (engines/vllm/rules/kv_cache.py)."""
+    if hardware.is_cpu or c.engine != "vllm" or not c.quantizes_kv:
+        return ["auto"]
+    refused = kv_cache_rules.refusal(
+        "fp8",
+        gpu=hardware.gpu,
+        model_dtype=compute_dtype(spec, hardware.gpu, c.dtype),
+        device=hardware.device,
+        version=c.vllm_version,
+    )
+    return ["auto"] if refused else ["auto", "fp8"]
+
+
+def estimate_for(
+    spec: ModelSpec, hardware: Hardware, settings: VllmSettings, c: Constraints
+) -> MemoryBreakdown:
+    """The estimate with the constraints' engine and vLLM release."""
+    return estimate(
+        spec, hardware=hardware, settings=settings, engine=c.engine, version=c.vllm_version
+    )
+
+
+def _utilization(c: Constraints) -> float:
+    return c.gpu_memory_utilization or VllmSettings().gpu_memory_utilization
+
+
+def default_settings(spec: ModelSpec, hardware: Hardware, c: Constraints) -> VllmSettings:
+    """vLLM's defaults for this hardware, with the plan's fixed inputs (utilization, a KV
+    budget, a cap on the context) and the max_num_seqs vLLM would take written out."""
+    _, seqs = vllm_defaults(hardware)
+    trained = spec.max_position_embeddings
+    return VllmSettings(
+        gpu_memory_utilization=_utilization(c),
+        max_model_len=min(trained, c.max_model_len or spec.default_max_model_len or trained),
+        max_num_seqs=seqs,
+        kv_cache_memory_bytes=c.kv_cache_memory_bytes,
+        allow_deprecated_quantization=_deprecated(spec),
+    )
+
+
+def _deprecated(spec: ModelSpec) -> bool:
+    """The checkpoint's method is one vLLM deprecated: it loads only with the flag."""
+    method = spec.quantization.method if spec.quantization else None
+    return "--allow-deprecated-quantization" in quantization_rules.flags_for(method)
 
 
 def candidates(spec: ModelSpec, hardware: Hardware, c: Constraints) -> Iterator[Candidate]:
-    """Every configuration on the lever grid that fits at least ``min_context``."""
-    engine = c.engine
-    trained = spec.max_position_embeddings
-    cap = min(trained, c.max_model_len or trained)
-    _, default_seqs = vllm_defaults(hardware)
+    """Every configuration on the lever grid that fits at least the hard floor."""
+    cap = min(spec.max_position_embeddings, c.max_model_len or spec.max_position_embeddings)
+    default_chunk, default_seqs = vllm_defaults(hardware)
     seq_steps = sorted({s for s in (default_seqs, *SEQ_STEPS) if s <= default_seqs}, reverse=True)
-    if c.concurrency:
-        seq_steps = [s for s in seq_steps if s >= c.concurrency] or [c.concurrency]
-    kv_dtypes: list[KvCacheDtype] = ["auto"]
-    if not hardware.is_cpu and hardware.gpu.supports_fp8 and engine == "vllm":
-        kv_dtypes.append("fp8")
-    eager_options = [False, True] if not hardware.is_cpu and engine == "vllm" else [False]
-    util = c.gpu_memory_utilization or VllmSettings().gpu_memory_utilization
-    tps = [tp for tp in divisors(spec, hardware.count) if tp <= c.gpus_per_node]
-    for quant in _quantizations(spec, hardware, c):
-        for tp in tps:
-            for pp in [
-                p for p in (1, 2, 4, 8) if tp * p <= hardware.count and p <= spec.num_layers
-            ]:
-                for kv in kv_dtypes:
-                    for eager in eager_options:
-                        for seqs in seq_steps:
-                            for batched in BATCHED_STEPS if not hardware.is_cpu else (None,):
-                                if batched is not None and batched < seqs:
-                                    continue
-                                yield from _score(
-                                    spec,
-                                    hardware,
-                                    cap,
-                                    c,
-                                    VllmSettings(
-                                        quantization=quant,
-                                        kv_cache_dtype=kv,
-                                        gpu_memory_utilization=util,
-                                        max_model_len=cap,
-                                        max_num_seqs=seqs,
-                                        max_num_batched_tokens=batched,
-                                        enforce_eager=eager,
-                                        tensor_parallel_size=tp,
-                                        pipeline_parallel_size=pp,
-                                        kv_cache_memory_bytes=(c.kv_cache_memory_bytes),
-                                    ),
-                                )
+    eager_options = [False, True] if not hardware.is_cpu and c.engine == "vllm" else [False]
+    chunks: list[int | None] = [None]
+    if not hardware.is_cpu:
+        chunks += [n for n in CHUNK_STEPS if n < default_chunk]
+    for layout in layouts(spec, hardware, c):
+        for quant in weight_formats(spec, hardware, c):
+            for kv in kv_cache_dtypes(spec, hardware, c):
+                variants = [
+                    (eager, seqs, chunk)
+                    for eager in eager_options
+                    for seqs in seq_steps
+                    for chunk in chunks
+                    if chunk is None or chunk >= seqs  # vLLM: batched tokens >= max_num_seqs
+                ]
+                for eager, seqs, chunk in variants:
+                    settings = VllmSettings(
+                        quantization=quant,
+                        kv_cache_dtype=kv,
+                        gpu_memory_utilization=_utilization(c),
+                        max_model_len=cap,
+                        max_num_seqs=seqs,
+                        max_num_batched_tokens=chunk,
+                        enforce_eager=eager,
+                        tensor_parallel_size=layout.tp,
+                        pipeline_parallel_size=layout.pp,
+                        kv_cache_memory_bytes=c.kv_cache_memory_bytes,
+                        distributed_executor_backend=executor_backend(layout, c),
+                        allow_deprecated_quantization=_deprecated(spec),
+                    )
+                    found = settle(spec, hardware, c, settings, layout)
+                    if found is not None:
+                        yield found
+                        if found.context == cap and seqs == default_seqs and chunk is None:
+                            # Graphs, vLLM's concurrency cap and prefill chunk already reach
+                            # the cap: every other variant only pays more for the same.
+                            break
 
 
-def _score(
-    spec: ModelSpec, hardware: Hardware, cap: int, c: Constraints, settings: VllmSettings
-) -> Iterator[Candidate]:
-    """The candidate these settings give at the longest context up to ``cap`` that fits."""
+def settle(
+    spec: ModelSpec,
+    hardware: Hardware,
+    c: Constraints,
+    settings: VllmSettings,
+    layout: Layout | None = None,
+) -> Candidate | None:
+    """These settings at the longest context up to theirs that fits; None when that is
+    below the hard floor or short of the concurrency asked for."""
     engine = c.engine
     try:
-        b = estimate(spec, hardware=hardware, settings=settings, engine=engine)
+        b = estimate_for(spec, hardware, settings, c)
     except InvalidSettingError:
-        return
+        return None
     if hardware.is_cpu and engine == "vllm" and settings.kv_cache_memory_bytes is None:
         # On the CPU vLLM sizes the cache from the process's resident memory, which the
         # estimate cannot see; pin it instead to what the budget leaves (whole MiB).
         if b.kv_cache_bytes < MiB:
-            return
+            return None
         settings = dataclasses.replace(
             settings, kv_cache_memory_bytes=b.kv_cache_bytes // MiB * MiB
         )
-        b = estimate(spec, hardware=hardware, settings=settings, engine=engine)
+        b = estimate_for(spec, hardware, settings, c)
+    floor = c.hard_floor(spec.max_position_embeddings)
+    cap = settings.max_model_len or b.max_model_len
+
+    def at(length: int) -> MemoryBreakdown | None:
+        trial = estimate_for(spec, hardware, dataclasses.replace(settings, max_model_len=length), c)
+        return trial if trial.fits else None
+
+    # The activation peak depends on the length (vLLM: fewer tokens per step for short
+    # contexts; transformers: the prefill of one whole prompt), so settle on a length that
+    # fits with its own peak: from the length the cache holds, then by bisection.
     length = min(cap, b.max_model_len_that_fits)
-    if c.prefer == "throughput" and c.min_context > 1 and length >= c.min_context:
-        length = c.min_context  # the required context; the rest of the cache goes to concurrency
-    # The activation peak depends on the length (fewer tokens per step for short contexts),
-    # so settle on a length that fits with its own peak.
+    found_b: MemoryBreakdown | None = None
     for _ in range(4):
-        if length < c.min_context or length <= 0:
-            return
-        settings = dataclasses.replace(settings, max_model_len=length)
-        b = estimate(spec, hardware=hardware, settings=settings, engine=engine)
-        if b.fits:
+        if length < floor:
             break
-        length = min(length - 1, b.max_model_len_that_fits)
-    else:
-        return
-    if c.concurrency and b.max_concurrency < c.concurrency:
-        found = _longest_for_concurrency(spec, hardware, c, settings)
-        if found is None:
-            return
-        settings, b = found
-    yield Candidate(settings=settings, breakdown=b)
-
-
-def _longest_for_concurrency(
-    spec: ModelSpec, hardware: Hardware, c: Constraints, settings: VllmSettings
-) -> tuple[VllmSettings, MemoryBreakdown] | None:
-    """The longest context at which ``c.concurrency`` sequences fit at once (bisection)."""
-    assert c.concurrency is not None and settings.max_model_len is not None
-
-    def at(length: int) -> tuple[VllmSettings, MemoryBreakdown] | None:
-        trial = dataclasses.replace(settings, max_model_len=length)
-        b = estimate(spec, hardware=hardware, settings=trial, engine=c.engine)
-        return (trial, b) if b.fits and b.max_concurrency >= (c.concurrency or 1) else None
-
-    lo, hi = c.min_context, settings.max_model_len
-    best = at(lo)
-    if best is None:
+        found_b = at(length)
+        if found_b is not None:
+            break
+        retry = estimate_for(spec, hardware, dataclasses.replace(settings, max_model_len=length), c)
+        length = min(length - 1, retry.max_model_len_that_fits)
+    if found_b is None:
+        if at(floor) is None:
+            return None
+        lo, hi = floor, cap
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if at(mid) is not None else (lo, mid - 1)
+        length, found_b = lo, at(lo)
+    assert found_b is not None
+    b = found_b
+    settings = dataclasses.replace(settings, max_model_len=length)
+    layout = layout or Layout(settings.tensor_parallel_size, settings.pipeline_parallel_size)
+    found = Candidate(
+        settings=settings,
+        breakdown=b,
+        replicas=replicas(layout, hardware),
+        typical_length=c.typical_length,
+    )
+    if c.concurrency and found.total_running < c.concurrency:
         return None
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        found = at(mid)
-        if found is not None:
-            lo, best = mid, found
-        else:
-            hi = mid - 1
-    return best
+    return found
+
+
+def anything_fits(spec: ModelSpec, hardware: Hardware, c: Constraints) -> bool:
+    """True when some configuration holds the floor context: for each layout, every lever
+    turned at once (the smallest formats, no graphs, one sequence, the smallest chunk)."""
+    floor = c.floor(spec.max_position_embeddings)
+    eager = not hardware.is_cpu and c.engine == "vllm"
+    for layout in layouts(spec, hardware, c):
+        for quant in weight_formats(spec, hardware, c)[-1:]:
+            settings = VllmSettings(
+                quantization=quant,
+                kv_cache_dtype=kv_cache_dtypes(spec, hardware, c)[-1],
+                gpu_memory_utilization=_utilization(c),
+                max_model_len=floor,
+                max_num_seqs=c.concurrency or 1,
+                max_num_batched_tokens=max(CHUNK_STEPS[-1], c.concurrency or 1) if eager else None,
+                enforce_eager=eager,
+                tensor_parallel_size=layout.tp,
+                pipeline_parallel_size=layout.pp,
+                kv_cache_memory_bytes=c.kv_cache_memory_bytes,
+            )
+            found = settle(spec, hardware, c, settings, layout)
+            if found is not None and found.context >= floor:
+                return True
+    return False
 
 
 def with_offload(spec: ModelSpec, hardware: Hardware, c: Constraints) -> list[Candidate]:
-    """Candidates with the missing weights kept in host memory (--allow-offload)."""
+    """A candidate with the missing weights kept in host memory (--allow-offload), on the
+    widest layout, at most half of the weights offloaded (beyond that, every forward pass
+    is mostly a copy over PCIe)."""
     cap = min(spec.max_position_embeddings, c.max_model_len or spec.max_position_embeddings)
-    for length in dict.fromkeys((cap, min(cap, max(c.min_context, 4096)), c.min_context)):
-        settings = VllmSettings(
-            gpu_memory_utilization=c.gpu_memory_utilization
-            or VllmSettings().gpu_memory_utilization,
-            max_model_len=length,
-            max_num_seqs=c.concurrency or 1,
-            enforce_eager=True,
-        )
-        b = estimate(spec, hardware=hardware, settings=settings, engine=c.engine)
+    widest = max(layouts(spec, hardware, c), key=lambda layout: layout.world_size)
+    base = on_layout(
+        dataclasses.replace(
+            default_settings(spec, hardware, c),
+            enforce_eager=not hardware.is_cpu and c.engine == "vllm",
+        ),
+        widest,
+        c,
+    )
+    for length in dict.fromkeys((cap, c.floor(spec.max_position_embeddings))):
+        settings = dataclasses.replace(base, max_model_len=length)
+        b = estimate_for(spec, hardware, settings, c)
         offload = math.ceil(b.shortfall_bytes / GiB) + 1  # a GiB of headroom
-        if offload * GiB >= b.weights_bytes:
+        if offload * GiB > b.weights_bytes // 2:
             continue
         settings = dataclasses.replace(settings, cpu_offload_gb=float(offload))
-        found = list(_score(spec, hardware, length, c, settings))
-        if found:
-            return found
+        found = settle(spec, hardware, c, settings, widest)
+        if found is not None:
+            return [found]
     return []

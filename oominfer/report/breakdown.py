@@ -104,6 +104,14 @@ def verdict(b: Prediction) -> tuple[bool, str]:
             f"FITS: {b.kv_cache_tokens:,} KV tokens hold {b.max_concurrency:g} requests of "
             f"{b.max_model_len:,} tokens."
         )
+    if b.overcommitted_bytes > 0:
+        room = b.total_bytes - b.non_kv_bytes
+        return False, (
+            f"DOES NOT FIT: the {format_bytes(b.kv_cache_bytes)} KV cache asked for does not fit "
+            f"beside {format_bytes(b.non_kv_bytes)} of weights and activations in the GPU's "
+            f"{format_bytes(b.total_bytes)} (short by {format_bytes(b.overcommitted_bytes)}); "
+            f"try --kv-cache-memory-bytes {max(room, 0) // 2**20}MiB or less."
+        )
     if b.kv_cache_bytes <= 0:
         return False, (
             f"DOES NOT FIT: weights and activations need {format_bytes(b.non_kv_bytes)} but the "

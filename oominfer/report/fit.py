@@ -5,9 +5,60 @@ from __future__ import annotations
 import shlex
 
 from oominfer.engines.vllm import to_vllm_args
-from oominfer.planning.document import Plan
+from oominfer.planning.document import Alternative, Concurrency, Plan
 from oominfer.report.breakdown import bar_line, verdict
+from oominfer.settings import VllmSettings
 from oominfer.units import format_bytes
+
+
+def lever_phrase(name: str, s: VllmSettings) -> str:
+    """A cost from planning/costs.py in words, for the settings that pay it."""
+    match name:
+        case "weight_quantization":
+            return f"{s.quantization} weights"
+        case "kv_quantization":
+            return f"an {s.kv_cache_dtype} KV cache"
+        case "eager":
+            return "no CUDA graphs"
+        case "fewer_seqs":
+            return f"max_num_seqs {s.max_num_seqs}"
+        case "smaller_chunk":
+            return f"a {s.max_num_batched_tokens}-token prefill chunk"
+        case "gpus":
+            return f"{s.world_size} GPUs per replica"
+        case "pipeline":
+            return f"{s.pipeline_parallel_size} pipeline stages"
+        case "cpu_offload":
+            return f"{s.cpu_offload_gb:g} GiB offloaded"
+        case "below_floor":
+            return "a context below the practical floor"
+        case _:
+            return name
+
+
+def serves_line(s: VllmSettings, concurrency: Concurrency | None, replicas: int) -> str:
+    """What a plan serves: its context, the requests of a typical length at once, replicas."""
+    text = f"{s.max_model_len or 0:,} tokens per request"
+    if concurrency is not None:
+        text += (
+            f"; {concurrency.typical_requests:,} requests of {concurrency.typical_length:,} "
+            f"tokens at once (full length: {concurrency.full_length_requests:g})"
+        )
+    if replicas > 1:
+        text += f"; {replicas} replicas of {s.world_size} GPU{'s' if s.world_size > 1 else ''}"
+    return text
+
+
+def _alternative(alt: Alternative) -> str:
+    trade = []
+    if alt.turns:
+        trade.append("turns " + ", ".join(lever_phrase(n, alt.settings) for n in alt.turns))
+    if alt.spares:
+        trade.append("spares " + ", ".join(alt.spares).replace("_", " "))
+    return (
+        f"  {alt.flag:<20} {alt.name}: {serves_line(alt.settings, alt.concurrency, alt.replicas)}"
+        + (f" ({'; '.join(trade)})" if trade else "")
+    )
 
 
 def fit_report(plan: Plan, *, cached: bool = False) -> list[str]:
@@ -26,6 +77,8 @@ def fit_report(plan: Plan, *, cached: bool = False) -> list[str]:
     lines = [f"Plan for {plan.model_id} on {where} ({plan.engine})", ""]
     lines.append("  " + shlex.join(to_vllm_args(plan.settings)))
     lines.append("")
+    lines.append("Serves: " + serves_line(plan.settings, plan.concurrency, plan.replicas) + ".")
+    lines.append("")
     lines.append("Levers:")
     for lever in plan.levers:
         saved = f"; saves {format_bytes(lever.saved_bytes)}" if lever.saved_bytes else ""
@@ -39,6 +92,10 @@ def fit_report(plan: Plan, *, cached: bool = False) -> list[str]:
             lines.append(f"  vLLM defaults {bar_line(plan.baseline)}")
             lines.append(f"  (defaults: {line})")
         lines.append(verdict(plan.predicted)[1])
+    if plan.alternatives:
+        lines.append("")
+        lines.append("Set aside (each picked by its flag):")
+        lines.extend(_alternative(alt) for alt in plan.alternatives)
     v = plan.verification
     lines.append("")
     if cached and v is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from oominfer.engines.vllm.rules.versions import CURRENT_VLLM, EngineVersion
 from oominfer.errors import InvalidSettingError
 from oominfer.hardware.hardware import Hardware
 from oominfer.memory.breakdown import MemoryBreakdown
@@ -52,6 +53,7 @@ def ways_out(
     b: MemoryBreakdown,
     *,
     engine: Engine = "vllm",
+    version: EngineVersion = CURRENT_VLLM,
 ) -> list[str]:
     """The single flag changes that make ``b`` fit, each checked by estimating it; more
     GPUs only at the smallest tensor-parallel size that fits. Empty when it fits."""
@@ -63,7 +65,7 @@ def ways_out(
         if flag.startswith("-tp") and parallel_found:
             continue
         try:
-            fits = estimate(spec, hardware=hw, settings=s, engine=engine).fits
+            fits = estimate(spec, hardware=hw, settings=s, engine=engine, version=version).fits
         except InvalidSettingError:
             continue
         if fits:

@@ -71,17 +71,33 @@ def server_argv(
     port: int,
     extra: Sequence[str] = (),
     python: str | None = None,
+    replicas: int = 1,
 ) -> list[str]:
     """The engine command for a plan: vLLM's OpenAI server or oominfer's transformers one.
 
     oominfer drains requests itself (``front``): the engine is stopped only once they are done,
     so the transformers server's own grace period is kept below the time it is given.
+    ``replicas`` above one run the plan's layout that many times in one vLLM server
+    (``--data-parallel-size``: each replica on its own GPUs, the memory per GPU unchanged).
     """
     argv = engine_argv(plan.model_id, plan.settings, engine=plan.engine, host=host, port=port,
                        python=python or sys.executable, revision=plan.revision)  # fmt: skip
     if plan.engine == "transformers":
         argv += ["--grace-period", f"{ENGINE_STOP_S / 2:g}"]
-    return [*argv, *merge_extra(plan, extra)]
+    extras = merge_extra(plan, extra)
+    if plan.engine == "vllm" and replicas > 1 and "--data-parallel-size" not in extras:
+        argv += ["--data-parallel-size", str(replicas)]
+    return [*argv, *extras]
+
+
+def local_replicas(plan: Plan, visible_gpus: int | None) -> int:
+    """The replicas of ``plan`` this machine runs: the plan's, as many as its GPUs hold
+    (all of them when the GPU count cannot be read)."""
+    if plan.device != "cuda" or plan.engine != "vllm" or plan.replicas <= 1:
+        return 1
+    if visible_gpus is None:
+        return plan.replicas
+    return max(1, min(plan.replicas, visible_gpus // max(plan.gpu_count, 1)))
 
 
 def explain_failure(plan: Plan, log_text: str) -> str | None:
@@ -244,6 +260,7 @@ def run(
     on_failure: Callable[[str], None] | None = None,
     on_note: Callable[[str], None] | None = None,
     python: str | None = None,
+    replicas: int = 1,
 ) -> int:
     """Serve ``plan`` in the foreground until a signal or the engine's end; returns the exit
     code (``ServeExit``). ``python`` runs the engine (default: this interpreter).
@@ -263,7 +280,9 @@ def run(
 
     say = on_note or note
     private = free_port()
-    argv = server_argv(plan, host="127.0.0.1", port=private, extra=extra, python=python)
+    argv = server_argv(
+        plan, host="127.0.0.1", port=private, extra=extra, python=python, replicas=replicas
+    )
     kept: collections.deque[str] = collections.deque(maxlen=_KEEP_LINES)
     shown = f"[{host}]" if ":" in host else host
     with contextlib.closing(bind(host, port)) as sock:

@@ -39,10 +39,10 @@ def correct(
     facts = outcome.facts
     if outcome.status is ProbeStatus.KV_CACHE_TOO_SMALL and facts.estimated_max_model_len:
         length = facts.estimated_max_model_len
-        if length < c.min_context:
+        if length < c.hard_floor(spec.max_position_embeddings):
             raise DoesNotFitError(
                 f"the engine holds at most {length:,} tokens per request, below --min-context "
-                f"{c.min_context:,}.",
+                f"{c.hard_floor(spec.max_position_embeddings):,}.",
                 hint=f"Lower --min-context to {length} or add GPUs.",
             )
         lever = Lever(

@@ -41,6 +41,10 @@ def to_vllm_args(settings: VllmSettings) -> list[str]:
         args += ["--cpu-offload-gb", f"{s.cpu_offload_gb:g}"]
     if s.kv_cache_memory_bytes is not None:
         args += ["--kv-cache-memory-bytes", str(s.kv_cache_memory_bytes)]
+    if s.distributed_executor_backend is not None:
+        args += ["--distributed-executor-backend", s.distributed_executor_backend]
+    if s.allow_deprecated_quantization:
+        args += ["--allow-deprecated-quantization"]
     return args
 
 

@@ -1,4 +1,8 @@
-"""The vLLM release whose behaviour the estimate follows: what changed between releases."""
+"""vLLM releases: what changed between them that moves the memory split or the rules.
+
+Read from vllm/v1/worker/gpu_worker.py (determine_available_memory), the model runners'
+profile_run and dummy sampler, and vllm/config/compilation.py, release by release.
+"""
 
 from __future__ import annotations
 
@@ -24,6 +28,19 @@ class EngineVersion:
     always_chunked_prefill: bool
     """V1 always chunks prefill; V0 did only past 32k tokens of context, and otherwise
     profiled a forward pass over max(max_model_len, max_num_batched_tokens) tokens."""
+    sampler_warmup_pass: bool = False
+    """0.33: the V2 runner's profiling runs the sampler a second time with full sampling
+    parameters, copying the logits to fp32 (v1/worker/gpu/model_runner.py
+    _dummy_sampler_run, v1/worker/gpu/sample/sampler.py; not on the CPU)."""
+    mla_workspace_in_profile: bool = False
+    """0.33: TRITON_MLA reserves its decode workspace inside the profiling run
+    (model_executor/layers/attention/mla_attention.py, v1/attention/backends/mla/
+    triton_mla.py _reserve_attn_logits_workspace); 0.32 allocated it after sizing the KV
+    cache, outside the budget."""
+    gdn_checkpoint_blocks: bool = False
+    """0.33: Qwen GDN hybrids keep a prefill checkpoint block under prefix caching when the
+    FlashInfer GDN prefill runs (Hopper): 3 state blocks per request instead of 2
+    (model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py)."""
     """The V2 model runner (default in 0.32): its dummy sampler keeps only the logits in the
     model dtype; the V1 runner's also makes fp32 logits, probabilities and noise."""
 
@@ -40,6 +57,9 @@ class EngineVersion:
             model_runner_v2=release >= (0, 32),
             mla_latent=release >= (0, 7),
             always_chunked_prefill=v1,
+            sampler_warmup_pass=release >= (0, 33),
+            mla_workspace_in_profile=release >= (0, 33),
+            gdn_checkpoint_blocks=release >= (0, 33),
         )
 
     @property
@@ -49,3 +69,6 @@ class EngineVersion:
 
 
 CURRENT_VLLM: Final = EngineVersion.parse("0.32.0")
+"""vLLM 0.32, the pure estimator's default (the release the measured tests pin)."""
+LATEST_VLLM: Final = EngineVersion.parse("0.33.0")
+"""The current release (``pip install vllm``): what plans are made for unless told."""

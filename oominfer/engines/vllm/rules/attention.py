@@ -1,0 +1,116 @@
+"""Attention-side rules that move memory: CUDA-graph capture sizes, paged-cache block sizes,
+recurrent-state blocks per request, and the MLA decode workspace.
+
+CUDA graphs: vllm/config/vllm.py ``_set_cudagraph_sizes`` (0.32, 0.33): the default largest
+capture size is 1024 on data-center Blackwell (compute capability family 10.x) and 512
+elsewhere, capped by 2 x max_num_seqs and by max_num_batched_tokens; gpt-oss sets 1024 on
+every GPU (model_executor/models/config.py GptOssForCausalLMConfig).
+
+Block sizes: vllm/platforms/interface.py ``update_block_size_for_backend`` picks the
+attention backend's preferred block (v1/attention/backends/*, mla/*): 16 on CUDA, 32 for MLA
+on compute capability 10.x (FLASHINFER_MLA), 64 for MLA with an FP8 cache on 9.0 (FLASHMLA),
+128 on the CPU backend.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from oominfer.engines.vllm.rules.versions import EngineVersion
+from oominfer.hardware.gpu import GpuSpec
+from oominfer.model.spec import ModelSpec
+
+SOURCE: Final = "vllm/config/vllm.py VllmConfig._set_cudagraph_sizes"
+GPU_BLOCK_SIZE: Final = 16
+"""vllm/config/cache.py DEFAULT_BLOCK_SIZE."""
+CPU_BLOCK_SIZE: Final = 128
+"""vllm/platforms/cpu.py: the CPU backend's block."""
+
+
+MAMBA2_MODEL_TYPES: Final = frozenset(
+    {"nemotron_h", "zamba2", "falcon_h1", "bamba", "granitemoehybrid", "plamo2"}
+)
+"""Hybrids whose Mamba layers are Mamba2 (model_executor/layers/mamba/mamba_mixer2.py): one
+prefill checkpoint block per request in align mode."""
+TRITON_MLA_WORK_PER_SPLIT: Final = 512
+"""v1/attention/backends/mla/triton_mla.py _MIN_WORK_PER_SPLIT (0.33)."""
+
+
+def max_capture_size(gpu: GpuSpec, spec: ModelSpec | None = None) -> int:
+    """The default largest CUDA-graph batch: 1024 on compute capability 10.x and for gpt-oss,
+    else 512."""
+    if gpu.compute_capability[0] == 10 or (spec is not None and spec.model_type == "gpt_oss"):
+        return 1024
+    return 512
+
+
+def block_size(spec: ModelSpec, gpu: GpuSpec, *, device: str, kv_cache_dtype: str) -> int:
+    """Tokens per paged-cache block the attention backend picks."""
+    if device == "cpu":
+        return CPU_BLOCK_SIZE
+    if spec.is_mla and gpu.compute_capability[0] == 10:
+        return 32  # FLASHINFER_MLA: [32, 64]
+    if spec.is_mla and gpu.compute_capability[0] == 9 and kv_cache_dtype.startswith("fp8"):
+        return 64  # FLASHMLA: FLASH_ATTN_MLA has no FP8 cache
+    return GPU_BLOCK_SIZE
+
+
+def state_blocks_per_request(spec: ModelSpec, gpu: GpuSpec, version: EngineVersion) -> int:
+    """Blocks of recurrent state one request of a hybrid model holds.
+
+    Prefix caching is on by default for hybrids, which puts Mamba layers in "align" mode:
+    2 blocks, plus one prefill checkpoint block for Mamba2 layers, and in 0.33 for Qwen GDN
+    layers where the FlashInfer GDN prefill runs (Hopper) (v1/kv_cache_interface.py
+    MambaSpec.max_memory_usage_bytes; config/model.py is_prefix_caching_supported).
+    """
+    if not spec.state_layers:
+        return 0
+    checkpoint = 0
+    if "mamba" in spec.layer_kinds and spec.model_type in MAMBA2_MODEL_TYPES:
+        checkpoint = 1
+    if (
+        "linear_attention" in spec.layer_kinds
+        and version.gdn_checkpoint_blocks
+        and gpu.compute_capability[0] == 9
+    ):
+        checkpoint = 1
+    return 2 + checkpoint
+
+
+def uses_triton_mla(spec: ModelSpec, gpu: GpuSpec) -> bool:
+    """TRITON_MLA is the MLA backend on compute capability 8.x and 12.x (and the fallback):
+    platforms/cuda.py _get_backend_priorities."""
+    return spec.is_mla and gpu.compute_capability[0] in (8, 12)
+
+
+def triton_mla_workspace_bytes(
+    spec: ModelSpec, gpu: GpuSpec, *, max_num_seqs: int, max_model_len: int, tp: int
+) -> int:
+    """TRITON_MLA's fp32 decode workspace: seqs x heads per rank x splits x (latent + 1) x 4,
+    splits = min(next power of two of max_model_len // 512, 2 x SMs)."""
+    if not uses_triton_mla(spec, gpu) or spec.kv_lora_rank is None:
+        return 0
+    splits = 1 << (max(1, max_model_len // TRITON_MLA_WORK_PER_SPLIT) - 1).bit_length()
+    if gpu.sm_count:
+        splits = min(splits, 2 * gpu.sm_count)
+    heads = max(1, spec.num_attention_heads // tp)
+    return max_num_seqs * heads * splits * (spec.kv_lora_rank + 1) * 4
+
+
+def capture_sizes(max_num_seqs: int, max_num_batched_tokens: int, *, largest: int = 512) -> int:
+    """How many batch sizes vLLM captures CUDA graphs for (one token per decode step):
+    [1, 2, 4] + range(8, 256, 8) + range(256, top + 1, 16), plus max_num_batched_tokens
+    and max_num_seqs when within the top, top = min(2 x max_num_seqs, largest,
+    max_num_batched_tokens)."""
+    top = min(2 * max_num_seqs, largest)
+    decode = [max_num_seqs] if max_num_seqs <= top else []
+    top = min(max_num_batched_tokens, top)
+    sizes = {s for s in (1, 2, 4) if s <= top}
+    if top >= 8:
+        sizes |= set(range(8, min(top + 1, 256), 8))
+    if top >= 256:
+        sizes |= set(range(256, top + 1, 16))
+    if max_num_batched_tokens <= top:
+        sizes.add(max_num_batched_tokens)
+    sizes |= {s for s in decode if s <= max_num_batched_tokens}
+    return len(sizes)

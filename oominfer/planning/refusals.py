@@ -1,0 +1,78 @@
+"""What the engine cannot run at all, found before searching: the engine a checkpoint
+needs, and the architectures, checkpoints and dtypes vLLM refuses (engines/vllm/rules/)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from oominfer.engines.vllm.rules import architectures as architecture_rules
+from oominfer.engines.vllm.rules import quantization as quantization_rules
+from oominfer.engines.vllm.rules.dtypes import compute_dtype
+from oominfer.engines.vllm.rules.parallel import tensor_parallel_refusal
+from oominfer.errors import InvalidSettingError
+from oominfer.hardware.hardware import Hardware
+from oominfer.model.spec import ModelSpec
+from oominfer.planning.constraints import Constraints
+from oominfer.planning.document import Lever
+
+
+def engine_for(spec: ModelSpec, c: Constraints) -> tuple[Constraints, Lever | None]:
+    """The constraints with the engine that can load the checkpoint: vLLM 0.32/0.33 has no
+    bitsandbytes loader, so such a checkpoint goes to the transformers engine."""
+    method = spec.quantization.method if spec.quantization else None
+    rule = quantization_rules.rule_for(method) if method else None
+    if rule is None or c.engine in rule.engines:
+        return c, None
+    engine = sorted(rule.engines)[0]
+    lever = Lever(
+        name="engine",
+        value=engine,
+        reason=f"{c.engine} cannot load a {method} checkpoint ({rule.source})",
+        cost="the transformers engine: no paged KV cache, simpler batching",
+    )
+    return dataclasses.replace(c, engine=engine), lever
+
+
+def check_checkpoint(spec: ModelSpec, hardware: Hardware, c: Constraints) -> None:
+    """Refuse a checkpoint or dtype the engine cannot run on this GPU, before searching.
+
+    Raises:
+        InvalidSettingError: the dtype is refused, or the checkpoint's quantization method
+            needs another GPU or dtype (engines/vllm/rules/quantization.py).
+    """
+    dtype = compute_dtype(spec, hardware.gpu, c.dtype)
+    if c.engine != "vllm":
+        return
+    checks: list[tuple[str | None, str]] = [
+        (
+            architecture_rules.refusal(spec, c.vllm_version.release),
+            "Serve it with --engine transformers, or plan for an older vLLM (--engine-version).",
+        ),
+        (
+            tensor_parallel_refusal(spec, 1),
+            "Pick another checkpoint of the model (oominfer models lists the catalog's).",
+        ),
+    ]
+    if spec.quantization is not None:
+        checks += [
+            (
+                quantization_rules.checkpoint_refusal(spec.quantization),
+                "Pick another checkpoint of the model (oominfer models lists the catalog's).",
+            ),
+            (
+                quantization_rules.refusal(
+                    spec.quantization.method,
+                    gpu=hardware.gpu,
+                    dtype=dtype,
+                    engine=c.engine,
+                    device=hardware.device,
+                    release=c.vllm_version.release,
+                ),
+                "Plan for a GPU that runs it (--gpu), or pick another checkpoint of the model.",
+            ),
+        ]
+    for refused, hint in checks:
+        if refused:
+            raise InvalidSettingError(
+                f"vLLM cannot run {spec.model_id} on {hardware.gpu.name}: {refused}.", hint=hint
+            )

