@@ -10,33 +10,21 @@ this test always runs. The bounds sit a little above today's figures (weights: m
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 from _pure_fixtures import offline_hub  # noqa: F401 - autouse fixture
+from _scripts import load_script
 
 REPO = Path(__file__).resolve().parents[1]
 LOGS = REPO / "tests" / "data" / "calibration" / "vllm_memory_logs.jsonl"
 SHARED = REPO.parent / "shared" / "calibration" / "vllm_memory_logs.jsonl"
 
 
-def load_bench() -> ModuleType:
-    path = REPO / "bench" / "calibration.py"
-    spec = importlib.util.spec_from_file_location("calibration_bench", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def replayed() -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    bench = load_bench()
+    bench = load_script("bench/calibration.py")
     rows = [bench.replay(point) for point in bench.load_points(LOGS)]
     return rows, bench.summary(rows)
 

@@ -4,7 +4,6 @@ they must keep, bad input, the committed deploy/k8s examples, and the serve/ ima
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import re
 import shlex
@@ -12,7 +11,6 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import click
@@ -20,6 +18,7 @@ import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 import yaml
 from _pure_fixtures import offline_hub  # noqa: F401 - autouse fixture
+from _scripts import load_script
 from click.testing import CliRunner
 
 from oominfer import k8s
@@ -63,16 +62,6 @@ def make_plan(
         predicted=Prediction(weights_bytes=weights_per_gpu),
         verification=verification,
     )
-
-
-def load_tool() -> ModuleType:
-    path = REPO / "tools" / "make_k8s_examples.py"
-    spec = importlib.util.spec_from_file_location("make_k8s_examples", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
 
 
 def committed_docs() -> list[tuple[str, dict[str, Any]]]:
@@ -703,7 +692,7 @@ def test_an_unwritable_output_is_a_clear_error(cli: click.Group, tmp_path: Path)
 
 
 def test_the_committed_examples_do_not_drift(tmp_path: Path) -> None:
-    tool = load_tool()
+    tool = load_script("tools/make_k8s_examples.py")
     tool.write_examples(tmp_path)
     fresh = {p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file()}
     committed = {

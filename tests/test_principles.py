@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+from _scripts import load_script
 
 from oominfer.engines.vllm.rules.parallel import tensor_parallel_refusal
 from oominfer.errors import DoesNotFitError, InvalidSettingError
@@ -222,17 +220,7 @@ def _a_model_that_does_not_fit_names_ways_out_that_fit(model: str, gpu: str, cou
             assert planned(model, gpu, more) is not None, way
 
 
-def load_advice() -> ModuleType:
-    path = REPO / "bench" / "advice.py"
-    module_spec = importlib.util.spec_from_file_location("advice", path)
-    assert module_spec is not None and module_spec.loader is not None
-    module = importlib.util.module_from_spec(module_spec)
-    sys.modules[module_spec.name] = module
-    module_spec.loader.exec_module(module)
-    return module
-
-
-ADVICE = load_advice()
+ADVICE = load_script("bench/advice.py")
 SCENARIOS = ADVICE.load_scenarios(REPO / "tests" / "data" / "advice_scenarios.json")
 
 
