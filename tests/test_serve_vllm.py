@@ -27,19 +27,28 @@ from oominfer.verify.process import free_port
 pytestmark = pytest.mark.slow
 
 MAX_LEN = 2048
+LONG_LEN = 131072
+"""Context of the plan whose streams must still run when they are cut. The tiny model streams
+about a thousand tokens a second in all here, but a busy two-core VM can stall every process
+for tens of seconds and then let a stream run on in a burst: two streams this long last
+minutes at full speed."""
 
 
-@pytest.fixture(scope="module")
-def plan_file(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    plan = tmp_path_factory.mktemp("serve") / "plan.json"
+def _fit(model: Path, folder: Path, max_len: int, kv_cache: str = "64MiB") -> Path:
+    plan = folder / "plan.json"
     done = subprocess.run(
-        [sys.executable, "-m", "oominfer", "fit", str(tiny_llama), "--device", "cpu",
-         "--memory", "8GiB", "--kv-cache-memory-bytes", "64MiB", "--max-model-len",
-         str(MAX_LEN), "--no-verify", "-o", str(plan)],
+        [sys.executable, "-m", "oominfer", "fit", str(model), "--device", "cpu",
+         "--memory", "8GiB", "--kv-cache-memory-bytes", kv_cache, "--max-model-len",
+         str(max_len), "--no-verify", "-o", str(plan)],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     return plan
+
+
+@pytest.fixture(scope="module")
+def plan_file(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _fit(tiny_llama, tmp_path_factory.mktemp("serve"), MAX_LEN)
 
 
 class Server:
@@ -206,7 +215,8 @@ def test_extra_flags_that_contradict_the_plan_are_refused(plan_file: Path) -> No
 def test_sigterm_during_streaming_loses_nothing_and_leaves_no_process(
     plan_file: Path, tmp_path: Path, vllm_python: str
 ) -> None:
-    srv = Server(plan_file, tmp_path / "serve.log")
+    # A grace period no stall of a busy VM outlasts: the stream must end whole.
+    srv = Server(plan_file, tmp_path / "serve.log", grace=300)
     try:
         srv.wait_ready()
         reader, received = srv.stream(_model(srv), 200)
@@ -227,48 +237,48 @@ def test_sigterm_during_streaming_loses_nothing_and_leaves_no_process(
     assert wait_until_gone(srv.mark, 10) == [], "an engine process outlived `oominfer serve`"
 
 
-def test_sigterm_with_streams_past_the_grace_period_is_bounded(
-    plan_file: Path, tmp_path: Path, vllm_python: str
+def test_a_second_sigterm_cuts_real_streams_short_and_cleanly(
+    tiny_llama: Path, tmp_path: Path, vllm_python: str
 ) -> None:
-    """Streams longer than the grace period: health says draining meanwhile, those still open
-    when it ends get an error event and [DONE] (those that finished in it are whole), serve
-    exits 6 within the grace period plus 10 s, nothing is left. The engine runs with the AMX
-    workaround forced (OOMINFER_AMX=off): vLLM must serve with it, as on hosts whose CPU traps
-    AMX."""
-    grace = 3
-    srv = Server(plan_file, tmp_path / "serve.log", grace=grace, OOMINFER_AMX="off")
+    """Long vLLM streams at SIGTERM: health says draining and a new request gets 503 while they
+    run; a second SIGTERM ends them with an error event and [DONE]; serve exits 6 and nothing is
+    left. The engine runs with the AMX workaround forced (OOMINFER_AMX=off): vLLM must serve with
+    it, as on hosts whose CPU traps AMX.
+
+    The drain is cut by the second signal, not by the grace period running out (that path is
+    timed in test_serve_front.py on a fake engine): a busy two-core VM can stall every process
+    for tens of seconds, so no wall-clock race is left here."""
+    plan = _fit(tiny_llama, tmp_path, LONG_LEN, kv_cache="160MiB")
+    srv = Server(plan, tmp_path / "serve.log", grace=600, OOMINFER_AMX="off")
     try:
         srv.wait_ready()
         model = _model(srv)
-        streams = [srv.stream(model, MAX_LEN - 16) for _ in range(8)]
+        streams = [srv.stream(model, LONG_LEN - 16) for _ in range(2)]
         wait_for(lambda: all(len(received) >= 3 for _, received in streams), "streamed tokens")
-        start = time.monotonic()
         os.kill(srv.proc.pid, signal.SIGTERM)
-        time.sleep(0.5)
-        assert httpx.get(srv.base + "/health", timeout=5).status_code == 503
-        late = httpx.post(srv.base + "/v1/completions", json={"model": model, "prompt": "x"})
+        wait_for(lambda: "Stopping (SIGTERM)" in srv.log.read_text(), "the drain to start")
+        assert httpx.get(srv.base + "/health", timeout=60).status_code == 503
+        late = httpx.post(
+            srv.base + "/v1/completions", json={"model": model, "prompt": "x"}, timeout=60
+        )
         assert late.status_code == 503, late.text
-        status = srv.proc.wait(timeout=grace + 10)
-        stopped = time.monotonic() - start
+        assert late.headers["retry-after"] == "1"
+        assert srv.proc.poll() is None, "serve stopped before the grace period"
+        os.kill(srv.proc.pid, signal.SIGTERM)
+        status = srv.proc.wait(timeout=120)
         for reader, _ in streams:
-            reader.join(timeout=10)
+            reader.join(timeout=30)
     finally:
         srv.stop()
     log = srv.log.read_text()
     assert status == 6, log[-3000:]
-    assert stopped < grace + 10
-    cut = 0
     for _, received in streams:
         assert received[-1] == "[DONE]", received[-3:]
         last = json.loads(received[-2])
-        if "error" in last:
-            assert "grace period of 3 s ran out" in last["error"]["message"]
-            cut += 1
-        else:  # finished within the grace period, to its last token
-            assert last["choices"][0]["finish_reason"] == "length"
-    assert cut >= 1 and f"Ended {cut} request(s) in flight with an error" in log
+        assert "a second signal came" in last["error"]["message"], last
+    assert "Ended 2 request(s) in flight with an error: a second signal came" in log
     assert wait_until_gone(srv.mark, 10) == [], "an engine process outlived `oominfer serve`"
-    assert "OOMINFER_AMX=off: the engine starts without AMX" in srv.log.read_text()
+    assert "OOMINFER_AMX=off: the engine starts without AMX" in log
 
 
 def test_sigkill_of_serve_mid_launch_leaves_no_engine(
