@@ -181,8 +181,12 @@ def test_no_engine_outlives_a_probing_oominfer_however_it_dies(
     to the lifeline; the others to oominfer's own clean-up. (Children that ignore SIGTERM:
     test_serve_front.py's SIGKILL test.)"""
     env = {**os.environ, "FAKE_ENGINE": "hang,children"}
-    driver = subprocess.Popen([sys.executable, "-c", DRIVER, str(fake_engine_python),
-                               str(tmp_path)], env=env)  # fmt: skip
+    # A shell's background job inherits SIGINT ignored, and Python then keeps it ignored:
+    # the driver starts with the default disposition, as in a terminal.
+    driver = subprocess.Popen(
+        [sys.executable, "-c", DRIVER, str(fake_engine_python), str(tmp_path)], env=env,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
     try:
         deadline = time.monotonic() + 30
         while len(leftovers(mark)) < 4:  # lifeline, engine, child, grandchild
