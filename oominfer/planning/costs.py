@@ -65,11 +65,7 @@ LEVER_COSTS: Final = (
 """Every cost, most expensive first in the balanced order."""
 
 ORDER: Final[dict[Prefer, tuple[str, ...]]] = {
-    "balanced": (
-        "cpu_offload", "below_floor", "fewer_seqs", "eager", "weight_quantization",
-        "smaller_chunk", "gpus", "kv_quantization", "pipeline", "shorter_context",
-        "less_concurrency",
-    ),
+    "balanced": tuple(c.name for c in LEVER_COSTS),
     "context": (
         "cpu_offload", "shorter_context", "fewer_seqs", "eager", "weight_quantization",
         "smaller_chunk", "gpus", "kv_quantization", "pipeline", "less_concurrency",
