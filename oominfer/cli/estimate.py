@@ -17,6 +17,7 @@ from oominfer.cli.options import (
     hardware_options,
     settings_options,
 )
+from oominfer.engines.vllm.rules.parallel import tensor_parallel_refusal
 from oominfer.errors import DoesNotFitError
 from oominfer.hardware.hardware import Hardware
 from oominfer.model.spec import ModelSpec
@@ -32,7 +33,7 @@ def parallel_note(spec: ModelSpec, hardware: Hardware, settings: VllmSettings) -
     used = settings.world_size
     flag = (
         f"-tp {n} (--tensor-parallel-size)"
-        if spec.num_attention_heads % n == 0
+        if tensor_parallel_refusal(spec, n) is None
         else f"-pp {n} (--pipeline-parallel-size)"
     )
     return (

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from oominfer.engines.vllm.rules.parallel import tensor_parallel_refusal
 from oominfer.engines.vllm.rules.versions import CURRENT_VLLM, EngineVersion
 from oominfer.errors import InvalidSettingError
 from oominfer.hardware.hardware import Hardware
@@ -37,7 +38,7 @@ def _tries(
         return out
     pp = s.pipeline_parallel_size
     for n in _PARALLEL:
-        if n <= s.tensor_parallel_size or spec.num_attention_heads % n:
+        if n <= s.tensor_parallel_size or tensor_parallel_refusal(spec, n):
             continue
         need = n * pp
         more = hardware if hardware.count >= need else dataclasses.replace(hardware, count=need)

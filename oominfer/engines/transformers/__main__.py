@@ -5,11 +5,11 @@ from __future__ import annotations
 import sys
 
 from oominfer.engines.amx import apply_in_process
+from oominfer.engines.transformers.cli import main
 
 if __name__ == "__main__":
-    # Started by hand on a host whose CPU traps AMX: start without it, before torch loads.
+    # Started by hand on a host whose CPU traps AMX: run without it (oneDNN reads the setting
+    # at its first kernel, so after torch is imported is still in time).
     if note := apply_in_process():
         print(note, file=sys.stderr, flush=True)
-    from oominfer.engines.transformers.cli import main
-
     sys.exit(main())

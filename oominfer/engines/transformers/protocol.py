@@ -173,9 +173,8 @@ class SamplingRequest(_Strict):
     stop: Text | list[Text] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    seed: Annotated[Count, AfterValidator(_seed)] | None = Field(
-        default=None, json_schema_extra={"minimum": SEED_RANGE[0], "maximum": SEED_RANGE[1]}
-    )
+    seed: Annotated[Count, AfterValidator(_seed)] | None = None
+    """Bounded by SEED_RANGE (the published schema says so: openapi.py)."""
     ignore_eos: bool = False
     """vLLM's extension: keep generating past end-of-sequence (benchmarks)."""
     user: Text | None = None

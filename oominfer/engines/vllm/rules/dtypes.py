@@ -23,7 +23,7 @@ or float32 instead.": vllm/config/model.py _FLOAT16_NOT_SUPPORTED_MODELS)."""
 def supported_dtypes(gpu: GpuSpec) -> tuple[str, ...]:
     """The dtypes a CUDA GPU runs, vLLM's preferred first (platforms/cuda.py): bf16 from
     compute capability 8.0, else fp16; float32 always."""
-    if gpu.compute_capability >= (8, 0):
+    if gpu.supports_bf16:
         return ("bfloat16", "float16", "float32")
     return ("float16", "float32")
 
