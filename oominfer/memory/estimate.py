@@ -112,15 +112,14 @@ def estimate(
     state_layer = spec.state_elements_per_layer * state_dtype // tp
     budget = math.ceil(gpu.cuda_total_bytes * s.gpu_memory_utilization)
     if engine == "transformers":
-        kinds = spec.layer_kinds
         return transformers_breakdown(
             spec,
             dtype=dtype,
             budget=budget,
             total=gpu.cuda_total_bytes,
             weights=max(0, sum(stages) // tp - offload),
-            per_token=per_layer * sum(1 for k in kinds if k in ATTENTION_KINDS),
-            state_per_seq=state_layer * sum(1 for k in kinds if k in STATE_KINDS),
+            per_token=per_layer * spec.attention_layers,
+            state_per_seq=state_layer * spec.state_layers,
             seqs=seqs,
             max_len=max_len,
             elem=elem,

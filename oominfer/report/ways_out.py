@@ -22,12 +22,11 @@ def _tries(
 ) -> list[tuple[str, VllmSettings, Hardware]]:
     """The changes worth estimating, cheapest in quality first."""
     gpu = hardware.gpu
-    fp8 = hardware.is_cpu or gpu.supports_fp8
     tries = []
     if b.max_model_len_that_fits > 0:
         fits = b.max_model_len_that_fits
         tries.append((f"--max-model-len {fits}", dataclasses.replace(s, max_model_len=fits)))
-    if s.kv_cache_dtype == "auto" and fp8:
+    if s.kv_cache_dtype == "auto":  # estimate() refuses it where vLLM does
         tries.append(("--kv-cache-dtype fp8", dataclasses.replace(s, kv_cache_dtype="fp8")))
     if not s.enforce_eager and b.cuda_graph_bytes:
         tries.append(("--enforce-eager", dataclasses.replace(s, enforce_eager=True)))

@@ -6,6 +6,7 @@ profile_run and dummy sampler, and vllm/config/compilation.py, release by releas
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from typing import Final
@@ -45,6 +46,7 @@ class EngineVersion:
     model dtype; the V1 runner's also makes fp32 logits, probabilities and noise."""
 
     @classmethod
+    @functools.cache
     def parse(cls, version: str) -> EngineVersion:
         """``0.32.0``, ``0.7.2 (V0 engine)`` -> the behaviour of that release."""
         m = re.search(r"(?<![\d.])(\d)\.(\d+)", version)
