@@ -15,7 +15,15 @@ import click
 from oominfer.errors import InvalidSettingError
 from oominfer.hardware.hardware import Hardware
 from oominfer.planning.constraints import PRACTICAL_CONTEXT, Constraints, Prefer
-from oominfer.settings import DEVICES, ENGINES, Dtype, KvCacheDtype, Quantization, VllmSettings
+from oominfer.settings import (
+    DEVICES,
+    ENGINES,
+    Device,
+    Dtype,
+    KvCacheDtype,
+    Quantization,
+    VllmSettings,
+)
 from oominfer.units import parse_size
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -204,12 +212,17 @@ def _context(opts: dict[str, Any]) -> int | None:
     return None if value in (None, AUTO) else int(value)
 
 
+def device_of(opts: dict[str, Any]) -> Device:
+    """The device the flags ask for: --device, else cpu with --memory, else cuda."""
+    device: Device = opts.get("device") or ("cpu" if opts.get("memory") else "cuda")
+    return device
+
+
 def build_hardware(opts: dict[str, Any]) -> Hardware:
     """Hardware from --gpu/--gpus/--gpu-memory or --device cpu/--memory; else the detected
     GPUs, else an L4."""
     gpu, gpus, gpu_memory = opts.get("gpu"), opts.get("gpus"), opts.get("gpu_memory")
-    device = opts.get("device") or ("cpu" if opts.get("memory") else "cuda")
-    if device == "cpu":
+    if device_of(opts) == "cpu":
         if gpu or gpu_memory:
             raise InvalidSettingError("--device cpu takes --memory, not --gpu/--gpu-memory.")
         return Hardware.cpu(_size(opts.get("memory")))

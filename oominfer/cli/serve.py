@@ -10,7 +10,7 @@ import click
 from click.core import ParameterSource
 
 from oominfer.cli.fit import fit_from_flags
-from oominfer.cli.options import fit_options
+from oominfer.cli.options import device_of, fit_options
 from oominfer.errors import InvalidSettingError, PlanError
 from oominfer.planning.document import Plan
 from oominfer.settings import Device, Engine
@@ -145,8 +145,7 @@ def serve(ctx: click.Context, /, target: str, host: str, port: int, api_key: str
         refuse_fit_flags(ctx, target, plan.model_id)
         check_engine(plan.engine, plan.device)
     else:
-        device: Device = opts.get("device") or ("cpu" if opts.get("memory") else "cuda")
-        check_engine(opts["engine"], device)
+        check_engine(opts["engine"], device_of(opts))
         plan, _ = fit_from_flags(target, opts)
     merge_extra(plan, extra)  # a flag contradicting the plan is refused before anything runs
     if not plan.verified:

@@ -118,11 +118,13 @@ class Front:
             flight.cut.set()
         return len(unanswered)
 
-    async def wait_idle(self, seconds: float) -> None:
-        """Until every request is answered, or ``seconds`` have passed."""
+    async def wait_idle(
+        self, seconds: float = CUT_WAIT_S, until: asyncio.Event | None = None
+    ) -> None:
+        """Until every request is answered, ``seconds`` have passed, or ``until`` is set."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + seconds
-        while self.in_flight and loop.time() < deadline:
+        while self.in_flight and loop.time() < deadline and not (until and until.is_set()):
             await asyncio.sleep(0.05)
 
     async def _proxy(self, scope: Scope, receive: Receive, send: Send, flight: _Flight) -> None:

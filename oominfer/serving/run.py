@@ -31,7 +31,6 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any, Final
 
-from oominfer.engines.amx import sigill_explanation
 from oominfer.engines.command import engine_argv
 from oominfer.engines.environment import engine_env
 from oominfer.errors import ExitStatus, InvalidSettingError
@@ -39,8 +38,9 @@ from oominfer.planning.document import Plan
 from oominfer.serving.extra import merge_extra
 from oominfer.units import format_bytes
 from oominfer.verify.classify import read_log
+from oominfer.verify.prober import failure_of
 from oominfer.verify.process import STOP_SIGNALS, free_port, start_engine, stop
-from oominfer.verify.status import ProbeStatus
+from oominfer.verify.status import LogFacts, ProbeStatus
 
 if TYPE_CHECKING:
     from oominfer.serving.front import Front
@@ -102,7 +102,10 @@ def local_replicas(plan: Plan, visible_gpus: int | None) -> int:
 
 def explain_failure(plan: Plan, log_text: str) -> str | None:
     """Why the engine failed at start, next to what the plan predicted; None if unknown."""
-    facts = read_log(log_text)
+    return _explain(plan, read_log(log_text))
+
+
+def _explain(plan: Plan, facts: LogFacts) -> str | None:
     if facts.status is None or not facts.status.is_memory:
         return None
     predicted = plan.predicted
@@ -214,7 +217,7 @@ class _Session:
                 self.engine_failed = True
                 self.front.draining = True
                 self.front.cut("The engine stopped before this request finished.")
-                await self.front.wait_idle(1.0)
+                await self.front.wait_idle()
                 return ServeExit.ENGINE_FAILED
             if not self.front.ready and await self._engine_healthy():
                 self.front.ready = True
@@ -234,17 +237,14 @@ class _Session:
         front.draining = True
         self.note(f"Stopping ({self.signal_name}): refusing new requests; waiting up to "
                   f"{self.grace:g} s for {front.in_flight} in flight.")  # fmt: skip
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.grace
-        while front.in_flight and loop.time() < deadline and not self.hurry.is_set():
-            await asyncio.sleep(0.05)
+        await front.wait_idle(self.grace, until=self.hurry)
         if not front.in_flight:
             return ServeExit.DRAINED
         why = "a second signal came" if self.hurry.is_set() else (
             f"the grace period of {self.grace:g} s ran out")  # fmt: skip
         cut = front.cut(f"The server stopped before this request finished: {why}.")
         self.note(f"Ended {cut} request(s) in flight with an error: {why}.")
-        await front.wait_idle(1.0)
+        await front.wait_idle()
         return ServeExit.CUT_SHORT
 
 
@@ -298,8 +298,9 @@ def run(
                            address=f"http://{shown}:{port}")  # fmt: skip
         try:
             outcome = asyncio.run(session.serve(sock))
-        finally:
-            status = stop(proc, grace=ENGINE_STOP_S)
+        finally:  # serve() stops the engine; this is for when it could not run to its end
+            status = proc.returncode if proc.returncode is not None else (
+                stop(proc, grace=ENGINE_STOP_S))  # fmt: skip
             reader.join(timeout=5)
     if not session.engine_failed:
         return int(outcome)
@@ -312,11 +313,11 @@ def _engine_failure(
     """The exit code for an engine that stopped on its own, and why, told to ``on_failure``."""
     facts = read_log(log_text)
     code = ServeExit.ENGINE_FAILED
-    if status == -signal.SIGILL or facts.status is ProbeStatus.ILLEGAL_INSTRUCTION:
-        said = sigill_explanation(facts.detail)
+    kind, said = failure_of(facts, status, "")
+    if kind is ProbeStatus.ILLEGAL_INSTRUCTION:
         why: str | None = said[:1].upper() + said[1:]
     else:
-        why = explain_failure(plan, log_text)
+        why = _explain(plan, facts)
         if why is not None:
             code = ServeExit.DOES_NOT_FIT
         else:

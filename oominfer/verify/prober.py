@@ -133,22 +133,22 @@ class EngineProber:
                 self.on_progress(elapsed, facts.phase)
                 last_report = elapsed
             if facts.status is not None and facts.status is not ProbeStatus.READY:
-                return result(*_failure(facts, proc.poll(), ""), facts)
+                return result(*failure_of(facts, proc.poll(), ""), facts)
             if proc.poll() is not None:
                 facts = read_log(log_path.read_text(errors="replace"))
                 said = f"the engine exited with status {proc.returncode}"
-                return result(*_failure(facts, proc.returncode, said), facts)
+                return result(*failure_of(facts, proc.returncode, said), facts)
             if healthy(port):
                 if self.on_progress:
                     self.on_progress(elapsed, "loading at the plan's limits")
                 ok, error = load_test(port, settings)
                 peak = max(peak, group_rss_bytes(proc.pid))
-                facts = read_log(log_path.read_text(errors="replace"))
                 if error:  # a dying engine fails the requests first: let it finish dying
                     with contextlib.suppress(subprocess.TimeoutExpired):
                         proc.wait(timeout=5.0)
-                    facts = read_log(log_path.read_text(errors="replace"))
-                    return result(*_failure(facts, proc.poll(), error), facts, requests_ok=ok)
+                facts = read_log(log_path.read_text(errors="replace"))
+                if error:
+                    return result(*failure_of(facts, proc.poll(), error), facts, requests_ok=ok)
                 return result(ProbeStatus.READY, "", facts, requests_ok=ok)
             if elapsed > self.deadline_seconds:
                 said = f"not ready after {self.deadline_seconds:.0f} s (last phase: {facts.phase})"
@@ -156,7 +156,7 @@ class EngineProber:
             time.sleep(self.poll_seconds)
 
 
-def _failure(facts: LogFacts, returncode: int | None, said: str) -> tuple[ProbeStatus, str]:
+def failure_of(facts: LogFacts, returncode: int | None, said: str) -> tuple[ProbeStatus, str]:
     """The status and explanation of a launch that failed.
 
     The log's own failure line wins; an engine killed by SIGILL (the exit status, or a worker's
