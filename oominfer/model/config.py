@@ -326,14 +326,13 @@ def _quant_spec(qc: ConfigReader | None, model_id: str) -> QuantSpec | None:
 def _compressed_tensors(qc: ConfigReader) -> QuantSpec:
     """The first config group's weight format (bits, group size)."""
     groups = qc.section("config_groups")
-    for name in groups.cfg if groups is not None else ():
-        group = groups.section(name) if groups is not None else None
-        weights = group.section("weights") if group is not None else None
-        if weights is None:
-            break
-        return QuantSpec(
-            method="compressed-tensors",
-            bits=weights.integer("num_bits", default=8) or 8,
-            group_size=weights.positive_or_none("group_size"),
-        )
-    return QuantSpec(method="compressed-tensors", bits=8)
+    first = next(iter(groups.cfg), None) if groups is not None else None
+    group = groups.section(first) if groups is not None and first is not None else None
+    weights = group.section("weights") if group is not None else None
+    if weights is None:
+        return QuantSpec(method="compressed-tensors", bits=8)
+    return QuantSpec(
+        method="compressed-tensors",
+        bits=weights.integer("num_bits", default=8) or 8,
+        group_size=weights.positive_or_none("group_size"),
+    )

@@ -103,18 +103,14 @@ def _reap() -> list[tuple[int, int]]:
         done.append((pid, status))
 
 
-def _stop_tree(first: int = signal.SIGTERM) -> None:
+def _stop_tree() -> None:
     """SIGTERM what is left, SIGKILL it after the grace period, reap it all."""
-    _signal_tree(first)
-    deadline = time.monotonic() + GRACE_S
-    while time.monotonic() < deadline and _tree():
-        _reap()
-        time.sleep(0.05)
-    _signal_tree(signal.SIGKILL)
-    deadline = time.monotonic() + GRACE_S
-    while time.monotonic() < deadline and _tree():
-        _reap()
-        time.sleep(0.05)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        _signal_tree(sig)
+        deadline = time.monotonic() + GRACE_S
+        while time.monotonic() < deadline and _tree():
+            _reap()
+            time.sleep(0.05)
     _reap()
 
 
