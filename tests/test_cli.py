@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from _pure_fixtures import offline_hub  # noqa: F401 - autouse fixture
+from checkpoints import model_folder
 from click.testing import CliRunner, Result
 
 from oominfer import __version__
@@ -128,9 +129,7 @@ def test_estimate_short_name_and_folder(tmp_path: Path) -> None:
         ).exit_code
         == 0
     )
-    folder = tmp_path / "tiny"
-    folder.mkdir()
-    (folder / "config.json").write_text(json.dumps(TINY_CONFIG))
+    folder = model_folder(tmp_path / "tiny")
     result = invoke("estimate", str(folder), "--gpu", "L4", "--json")
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["model"]["source"] == str(folder)
@@ -195,20 +194,6 @@ def test_too_long_context_suggests_a_length() -> None:
 # ---------------------------------------------------------------------- bad input
 
 # Every bad input, across the commands, is a row of tests/test_bad_input.py.
-
-TINY_CONFIG: dict[str, Any] = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "num_hidden_layers": 2,
-    "hidden_size": 128,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "intermediate_size": 256,
-    "vocab_size": 512,
-    "max_position_embeddings": 4096,
-    "torch_dtype": "bfloat16",
-}
-
 
 # ------------------------------------------------------------------------- other commands
 

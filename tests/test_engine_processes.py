@@ -18,7 +18,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from engine_util import MARK_VARIABLE, leftovers
+from engine_util import MARK_VARIABLE, leftovers, wait_until_gone
 
 from oominfer.settings import VllmSettings
 from oominfer.verify.prober import EngineProber, ProbeResult
@@ -195,10 +195,7 @@ def test_no_engine_outlives_a_probing_oominfer_however_it_dies(
         os.kill(driver.pid, sig)
         status = driver.wait(timeout=30)
         assert status == (-sig if sig is signal.SIGKILL else 130)
-        deadline = time.monotonic() + 10
-        while leftovers(mark) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert leftovers(mark) == []
+        assert wait_until_gone(mark) == []
     finally:
         if driver.poll() is None:
             driver.kill()

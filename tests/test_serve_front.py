@@ -22,7 +22,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from engine_util import MARK_VARIABLE, leftovers
+from engine_util import MARK_VARIABLE, leftovers, wait_until_gone
 
 from oominfer.errors import InvalidSettingError
 from oominfer.planning.document import Plan
@@ -99,10 +99,7 @@ class Serve:
 
     def assert_clean(self) -> None:
         """No process of the engine left, every child reaped, no temporary folder left."""
-        deadline = time.monotonic() + 10
-        while leftovers(self.mark) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert leftovers(self.mark) == []
+        assert wait_until_gone(self.mark) == []
         assert "children left: 0" in self.log(), self.log()[-2000:]
         assert list(self.tmp.iterdir()) == []
 
@@ -251,10 +248,7 @@ def test_sigkill_of_serve_leaves_no_engine(serve: type[Serve]) -> None:
         time.sleep(0.05)
     srv.signal(signal.SIGKILL)
     srv.wait()
-    deadline = time.monotonic() + 10
-    while leftovers(srv.mark) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert leftovers(srv.mark) == []
+    assert wait_until_gone(srv.mark) == []
 
 
 @pytest.mark.parametrize("engine", ["vllm", "transformers"])
