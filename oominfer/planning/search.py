@@ -24,7 +24,7 @@ from oominfer.memory.profile import vllm_defaults
 from oominfer.model.spec import ModelSpec
 from oominfer.planning.constraints import Constraints
 from oominfer.planning.costs import WEIGHT_ONLY_FP8
-from oominfer.planning.layout import Layout, executor_backend, layouts, on_layout, replicas
+from oominfer.planning.layout import Layout, layouts, on_layout, replicas
 from oominfer.settings import KvCacheDtype, Quantization, VllmSettings
 from oominfer.units import GiB, MiB
 
@@ -142,30 +142,28 @@ def candidates(spec: ModelSpec, hardware: Hardware, c: Constraints) -> Iterator[
     chunks: list[int | None] = [None]
     if not hardware.is_cpu:
         chunks += [n for n in CHUNK_STEPS if n < default_chunk]
+    variants = [
+        (eager, seqs, chunk)
+        for eager in eager_options
+        for seqs in seq_steps
+        for chunk in chunks
+        if chunk is None or chunk >= seqs  # vLLM: batched tokens >= max_num_seqs
+    ]
+    formats = weight_formats(spec, hardware, c)
+    kv_dtypes = kv_cache_dtypes(spec, hardware, c)
+    base = dataclasses.replace(default_settings(spec, hardware, c), max_model_len=cap)
     for layout in layouts(spec, hardware, c):
-        for quant in weight_formats(spec, hardware, c):
-            for kv in kv_cache_dtypes(spec, hardware, c):
-                variants = [
-                    (eager, seqs, chunk)
-                    for eager in eager_options
-                    for seqs in seq_steps
-                    for chunk in chunks
-                    if chunk is None or chunk >= seqs  # vLLM: batched tokens >= max_num_seqs
-                ]
+        laid = on_layout(base, layout, c)
+        for quant in formats:
+            for kv in kv_dtypes:
                 for eager, seqs, chunk in variants:
-                    settings = VllmSettings(
+                    settings = dataclasses.replace(
+                        laid,
                         quantization=quant,
                         kv_cache_dtype=kv,
-                        gpu_memory_utilization=_utilization(c),
-                        max_model_len=cap,
                         max_num_seqs=seqs,
                         max_num_batched_tokens=chunk,
                         enforce_eager=eager,
-                        tensor_parallel_size=layout.tp,
-                        pipeline_parallel_size=layout.pp,
-                        kv_cache_memory_bytes=c.kv_cache_memory_bytes,
-                        distributed_executor_backend=executor_backend(layout, c),
-                        allow_deprecated_quantization=_deprecated(spec),
                     )
                     found = settle(spec, hardware, c, settings, layout)
                     if found is not None:
@@ -202,9 +200,8 @@ def settle(
     floor = c.hard_floor(spec.max_position_embeddings)
     cap = settings.max_model_len or b.max_model_len
 
-    def at(length: int) -> MemoryBreakdown | None:
-        trial = estimate_for(spec, hardware, dataclasses.replace(settings, max_model_len=length), c)
-        return trial if trial.fits else None
+    def at(length: int) -> MemoryBreakdown:
+        return estimate_for(spec, hardware, dataclasses.replace(settings, max_model_len=length), c)
 
     # The activation peak depends on the length (vLLM: fewer tokens per step for short
     # contexts; transformers: the prefill of one whole prompt), so settle on a length that
@@ -214,20 +211,24 @@ def settle(
     for _ in range(4):
         if length < floor:
             break
-        found_b = at(length)
-        if found_b is not None:
+        trial = at(length)
+        if trial.fits:
+            found_b = trial
             break
-        retry = estimate_for(spec, hardware, dataclasses.replace(settings, max_model_len=length), c)
-        length = min(length - 1, retry.max_model_len_that_fits)
+        length = min(length - 1, trial.max_model_len_that_fits)
     if found_b is None:
-        if at(floor) is None:
+        found_b = at(floor)
+        if not found_b.fits:
             return None
         lo, hi = floor, cap
-        while lo < hi:
+        while lo < hi:  # found_b: the breakdown at lo
             mid = (lo + hi + 1) // 2
-            lo, hi = (mid, hi) if at(mid) is not None else (lo, mid - 1)
-        length, found_b = lo, at(lo)
-    assert found_b is not None
+            trial = at(mid)
+            if trial.fits:
+                lo, found_b = mid, trial
+            else:
+                hi = mid - 1
+        length = lo
     b = found_b
     settings = dataclasses.replace(settings, max_model_len=length)
     layout = layout or Layout(settings.tensor_parallel_size, settings.pipeline_parallel_size)
