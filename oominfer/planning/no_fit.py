@@ -18,13 +18,12 @@ from oominfer.model.load import load_spec
 from oominfer.model.spec import ModelSpec, QuantSpec
 from oominfer.planning.constraints import Constraints
 from oominfer.planning.costs import WEIGHT_ONLY_FP8
-from oominfer.planning.layout import layouts, on_layout
 from oominfer.planning.refusals import check_checkpoint
 from oominfer.planning.search import (
     anything_fits,
     candidates,
-    default_settings,
     estimate_for,
+    roomiest,
     with_offload,
 )
 from oominfer.units import format_bytes
@@ -36,16 +35,10 @@ GPU_COUNTS = (2, 4, 8, 16, 32, 64)
 def _closest(spec: ModelSpec, hardware: Hardware, c: Constraints) -> MemoryBreakdown:
     """The most that fits: the widest layout, the smallest formats, eager, one sequence at
     the floor."""
-    widest = max(layouts(spec, hardware, c), key=lambda layout: layout.world_size)
-    settings = on_layout(
-        dataclasses.replace(
-            default_settings(spec, hardware, c),
-            max_model_len=c.floor(spec.max_position_embeddings),
-            max_num_seqs=1,
-            enforce_eager=not hardware.is_cpu and c.engine == "vllm",
-        ),
-        widest,
-        c,
+    settings = dataclasses.replace(
+        roomiest(spec, hardware, c),
+        max_model_len=c.floor(spec.max_position_embeddings),
+        max_num_seqs=1,
     )
     return estimate_for(spec, hardware, settings, c)
 
@@ -75,7 +68,7 @@ def _ways_out(spec: ModelSpec, hardware: Hardware, c: Constraints) -> Iterator[s
                 quantization=QuantSpec(method="awq", bits=4, group_size=128),
                 checkpoint=dataclasses.replace(spec.checkpoint, total_bytes=None),
             )
-            if layouts(four_bit, hardware, c) and anything_fits(four_bit, hardware, c):
+            if anything_fits(four_bit, hardware, c):
                 yield "a 4-bit (AWQ/GPTQ, int4) checkpoint of this model"
     if c.prefer not in WEIGHT_ONLY_FP8 and c.quantizes_weights and not hardware.gpu.supports_fp8:
         context = dataclasses.replace(c, prefer="context")
@@ -93,7 +86,7 @@ def _ways_out(spec: ModelSpec, hardware: Hardware, c: Constraints) -> Iterator[s
             gib = math.ceil(offload[0].settings.cpu_offload_gb)
             yield f"--allow-offload ({gib} GiB of weights per GPU in host memory, slow)"
     if c.min_context is not None:
-        shorter = dataclasses.replace(c, min_context=None, max_model_len=c.max_model_len)
+        shorter = dataclasses.replace(c, min_context=None)
         found = next(candidates(spec, hardware, shorter), None)
         if found is not None:
             yield f"--min-context {found.context}"

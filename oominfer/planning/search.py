@@ -268,20 +268,22 @@ def anything_fits(spec: ModelSpec, hardware: Hardware, c: Constraints) -> bool:
     return False
 
 
+def roomiest(spec: ModelSpec, hardware: Hardware, c: Constraints) -> VllmSettings:
+    """vLLM's defaults on the widest layout without CUDA graphs: the most room for weights
+    and cache one layout of these GPUs has."""
+    widest = max(layouts(spec, hardware, c), key=lambda layout: layout.world_size)
+    eager = not hardware.is_cpu and c.engine == "vllm"
+    return on_layout(
+        dataclasses.replace(default_settings(spec, hardware, c), enforce_eager=eager), widest, c
+    )
+
+
 def with_offload(spec: ModelSpec, hardware: Hardware, c: Constraints) -> list[Candidate]:
     """A candidate with the missing weights kept in host memory (--allow-offload), on the
     widest layout, at most half of the weights offloaded (beyond that, every forward pass
     is mostly a copy over PCIe)."""
     cap = min(spec.max_position_embeddings, c.max_model_len or spec.max_position_embeddings)
-    widest = max(layouts(spec, hardware, c), key=lambda layout: layout.world_size)
-    base = on_layout(
-        dataclasses.replace(
-            default_settings(spec, hardware, c),
-            enforce_eager=not hardware.is_cpu and c.engine == "vllm",
-        ),
-        widest,
-        c,
-    )
+    base = roomiest(spec, hardware, c)
     for length in dict.fromkeys((cap, c.floor(spec.max_position_embeddings))):
         settings = dataclasses.replace(base, max_model_len=length)
         b = estimate_for(spec, hardware, settings, c)
@@ -289,7 +291,7 @@ def with_offload(spec: ModelSpec, hardware: Hardware, c: Constraints) -> list[Ca
         if offload * GiB > b.weights_bytes // 2:
             continue
         settings = dataclasses.replace(settings, cpu_offload_gb=float(offload))
-        found = settle(spec, hardware, c, settings, widest)
+        found = settle(spec, hardware, c, settings)  # on the layout roomiest() picked
         if found is not None:
             return [found]
     return []
