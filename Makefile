@@ -31,7 +31,8 @@ $(STAMP): pyproject.toml
 
 $(VLLM033_STAMP): $(STAMP)
 	$(PY) -m venv $(VLLM033)
-	$(VLLM033)/bin/pip install -q --no-deps vllm==0.33.0 ray msgpack
+	# Ray and msgpack come from the project venv, which zz_project.pth puts on the path.
+	$(VLLM033)/bin/pip install -q --no-deps vllm==0.33.0
 	$(BIN)/python -c "import site; print(site.getsitepackages()[0])" \
 		> $$($(VLLM033)/bin/python -c "import site; print(site.getsitepackages()[0])")/zz_project.pth
 	touch $(VLLM033_STAMP)

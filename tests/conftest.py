@@ -45,14 +45,15 @@ def _isolated_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
 
 
 @functools.cache
-def vllm_import_error() -> str | None:
-    """None when ``import vllm`` works in a fresh interpreter, else why it fails.
+def vllm_import_error(python: str = sys.executable) -> str | None:
+    """None when ``import vllm`` works in a fresh interpreter (this one by default), else why
+    it fails.
 
     Checked in a subprocess: importing vLLM in the test process is slow and changes torch's
     global state."""
     try:
         result = subprocess.run(
-            [sys.executable, "-c", "import vllm"],
+            [python, "-c", "import vllm"],
             capture_output=True,
             text=True,
             timeout=180,
