@@ -20,15 +20,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from oominfer.engines.vllm.rules.versions import EngineVersion
-from oominfer.errors import OominferError
+from oominfer.base.errors import OominferError
+from oominfer.base.units import GiB
 from oominfer.hardware.gpu import GpuSpec, find_gpu
 from oominfer.hardware.hardware import Hardware
 from oominfer.memory.estimate import estimate
 from oominfer.model.catalog import catalog_entry
 from oominfer.model.load import load_spec
+from oominfer.rules.versions import EngineVersion
 from oominfer.settings import VllmSettings
-from oominfer.units import GiB
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_LOGS = ROOT.parent / "shared" / "calibration" / "vllm_memory_logs.jsonl"

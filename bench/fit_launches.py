@@ -22,15 +22,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from oominfer.engines.installed import engine_version
+from oominfer.base.units import GiB, MiB
 from oominfer.hardware.hardware import Hardware
 from oominfer.model.folder import spec_from_folder
 from oominfer.planning.constraints import Constraints
+from oominfer.rules.installed import engine_version
+from oominfer.runtime.status import ProbeStatus
 from oominfer.settings import VllmSettings
-from oominfer.units import GiB, MiB
 from oominfer.verify.fit import fit
 from oominfer.verify.prober import EngineProber
-from oominfer.verify.status import ProbeStatus
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from models import build_model

@@ -32,8 +32,8 @@ import httpx
 
 from oominfer.engines.vllm import serve_argv
 from oominfer.planning.document import Plan
+from oominfer.runtime.process import free_port
 from oominfer.settings import VllmSettings
-from oominfer.verify.process import free_port
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

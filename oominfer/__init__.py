@@ -14,13 +14,13 @@ The Python API (see ``oominfer.api``)::
 from __future__ import annotations
 
 from oominfer.api import FitListener, can_verify, estimate, fit, load_model, plan
+from oominfer.base.version import __version__
 from oominfer.hardware.hardware import Hardware
 from oominfer.memory.breakdown import MemoryBreakdown
 from oominfer.model.spec import ModelSpec
 from oominfer.planning.constraints import Constraints
 from oominfer.planning.document import Plan
 from oominfer.settings import VllmSettings
-from oominfer.version import __version__
 
 __all__ = [
     "Constraints",

@@ -19,7 +19,7 @@ if _TESTS not in sys.path:
 from fake_engine import fake_python  # noqa: E402
 from models import build_model  # noqa: E402
 
-from oominfer.engines.amx import apply_in_process  # noqa: E402
+from oominfer.runtime.amx import apply_in_process  # noqa: E402
 
 
 @pytest.fixture(scope="session", autouse=True)

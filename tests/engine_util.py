@@ -21,12 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from oominfer.engines.environment import engine_env
+from oominfer.base.units import GiB
 from oominfer.engines.vllm import serve_argv
+from oominfer.runtime.environment import engine_env
+from oominfer.runtime.load_test import healthy
+from oominfer.runtime.process import free_port, start_engine, stop
 from oominfer.settings import VllmSettings
-from oominfer.units import GiB
-from oominfer.verify.load_test import healthy
-from oominfer.verify.process import free_port, start_engine, stop
 
 __all__ = ["EngineRun", "VllmServer", "free_port", "leftovers", "run_vllm", "wait_until_gone"]
 

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from oominfer.engines import amx, environment
-from oominfer.engines.amx import Amx, amx_status, probe
 from oominfer.engines.command import engine_argv
-from oominfer.engines.environment import engine_env
+from oominfer.runtime import amx, environment
+from oominfer.runtime.amx import Amx, amx_status, probe
+from oominfer.runtime.environment import engine_env
 from oominfer.settings import VllmSettings
 
 FLAGS = "fpu sse avx512f avx512_bf16 avx512_vnni"

@@ -13,20 +13,20 @@ import pytest
 from _pure_fixtures import offline_hub  # noqa: F401 - autouse fixture
 
 import oominfer
-from oominfer.errors import (
+from oominfer.base.errors import (
     DoesNotFitError,
     InvalidSettingError,
     ModelNotFoundError,
     UnknownGpuError,
 )
+from oominfer.base.units import GiB
 from oominfer.hardware import nvml
 from oominfer.hardware.gpu import find_gpu
 from oominfer.memory.estimate import estimate as estimate_breakdown
+from oominfer.runtime.status import LogFacts, ProbeStatus
 from oominfer.settings import VllmSettings
-from oominfer.units import GiB
 from oominfer.verify import prober as prober_module
 from oominfer.verify.prober import ProbeResult
-from oominfer.verify.status import LogFacts, ProbeStatus
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 LLAMA_8B = "meta-llama/Llama-3.1-8B-Instruct"
@@ -91,7 +91,7 @@ def test_fit_without_verifying_is_the_plan() -> None:
 
 
 def test_fit_verify_without_the_engine_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    from oominfer.engines import installed
+    from oominfer.rules import installed
 
     monkeypatch.setattr(installed, "engine_installed", lambda engine: False)
     with pytest.raises(InvalidSettingError, match="not installed"):
@@ -122,7 +122,7 @@ class _ReadyProber:
 def test_fit_verifies_through_the_prober_and_tells_the_listener(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from oominfer.engines import installed
+    from oominfer.rules import installed
 
     monkeypatch.setattr(installed, "engine_installed", lambda engine: True)
     monkeypatch.setattr(prober_module, "EngineProber", _ReadyProber)

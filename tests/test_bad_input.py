@@ -24,9 +24,9 @@ from click.testing import CliRunner, Result
 
 import oominfer
 from oominfer.cli import main
-from oominfer.engines import installed
 from oominfer.hardware import nvml
 from oominfer.model.catalog import catalog_entry
+from oominfer.rules import installed
 
 LLAMA_8B = "meta-llama/Llama-3.1-8B-Instruct"
 QWEN = "Qwen/Qwen3-0.6B"

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from oominfer.engines.installed import vllm_release
-from oominfer.units import GiB
-from oominfer.verify.classify import read_log
-from oominfer.verify.status import ProbeStatus
+from oominfer.base.units import GiB
+from oominfer.rules.installed import vllm_release
+from oominfer.runtime.classify import read_log
+from oominfer.runtime.status import ProbeStatus
 
 LOGS = Path(__file__).parent / "data" / "vllm_logs"
 CALIBRATION = Path(__file__).resolve().parents[2] / "shared" / "calibration"

@@ -7,15 +7,15 @@ from pathlib import Path
 import pytest
 from _pure_fixtures import offline_hub  # noqa: F401 - autouse fixture
 
-from oominfer.errors import DoesNotFitError
+from oominfer.base.errors import DoesNotFitError
 from oominfer.hardware.hardware import Hardware
 from oominfer.model.load import load_spec
 from oominfer.planning.constraints import Constraints
 from oominfer.planning.planner import plan
+from oominfer.runtime.status import LogFacts, ProbeStatus
 from oominfer.settings import VllmSettings
 from oominfer.verify.correct import correct
 from oominfer.verify.prober import ProbeResult
-from oominfer.verify.status import LogFacts, ProbeStatus
 
 QWEN = "Qwen/Qwen3-0.6B"
 

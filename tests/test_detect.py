@@ -9,9 +9,9 @@ import pytest
 from click.testing import CliRunner
 
 from oominfer import cli
+from oominfer.base.units import GiB
 from oominfer.hardware import nvml as detect
 from oominfer.hardware.gpu import find_gpu
-from oominfer.units import GiB
 
 
 def test_no_gpu_no_driver_is_quiet(

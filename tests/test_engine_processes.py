@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 from engine_util import MARK_VARIABLE, leftovers, wait_until_gone
 
+from oominfer.runtime.process import group_pids, start_engine, stop
+from oominfer.runtime.status import ProbeStatus
 from oominfer.settings import VllmSettings
 from oominfer.verify.prober import EngineProber, ProbeResult
-from oominfer.verify.process import group_pids, start_engine, stop
-from oominfer.verify.status import ProbeStatus
 
 SETTINGS = VllmSettings(max_model_len=512, max_num_seqs=4)
 
@@ -157,7 +157,7 @@ DRIVER = """
 import sys
 from pathlib import Path
 from oominfer.settings import VllmSettings
-from oominfer.verify.process import interrupts_kill_engines
+from oominfer.runtime.process import interrupts_kill_engines
 from oominfer.verify.prober import EngineProber
 
 prober = EngineProber(workdir=Path(sys.argv[2]), python=sys.argv[1], deadline_seconds=300,

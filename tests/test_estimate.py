@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 from _pure_fixtures import offline_hub  # noqa: F401 - autouse fixture
 
-from oominfer.errors import InvalidSettingError
+from oominfer.base.errors import InvalidSettingError
+from oominfer.base.units import GiB, MiB
 from oominfer.hardware.gpu import GpuSpec, find_gpu
 from oominfer.hardware.hardware import Hardware
 from oominfer.memory.breakdown import MemoryBreakdown
@@ -19,7 +20,6 @@ from oominfer.model.catalog import catalog_entry
 from oominfer.model.config import spec_from_config
 from oominfer.model.spec import ModelSpec
 from oominfer.settings import Device, VllmSettings
-from oominfer.units import GiB, MiB
 
 L4 = find_gpu("L4")
 H200 = find_gpu("H200")

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 import oominfer.api
 from oominfer import cli
-from oominfer.errors import (
+from oominfer.base.errors import (
     CorruptWeightsError,
     DoesNotFitError,
     ExitStatus,
@@ -89,9 +89,11 @@ def test_every_error_class_is_pinned() -> None:
     def subclasses(cls: type) -> set[type]:
         return {cls} | {s for c in cls.__subclasses__() for s in subclasses(c)}
 
-    import oominfer.errors
+    import oominfer.base.errors
 
-    defined = {c for c in subclasses(OominferError) if c.__module__ == oominfer.errors.__name__}
+    defined = {
+        c for c in subclasses(OominferError) if c.__module__ == oominfer.base.errors.__name__
+    }
     assert defined == {e for e, _ in ERROR_STATUS} == set(ERROR_KIND)
 
 

@@ -9,18 +9,18 @@ from typing import Any
 
 import pytest
 
-from oominfer.errors import DoesNotFitError, ExitStatus, PlanError, ProbeFailedError
+from oominfer.base.errors import DoesNotFitError, ExitStatus, PlanError, ProbeFailedError
+from oominfer.base.units import GiB, MiB
 from oominfer.hardware.gpu import find_gpu
 from oominfer.hardware.hardware import Hardware
 from oominfer.model.load import load_spec
 from oominfer.planning.constraints import Constraints
 from oominfer.planning.document import SCHEMA_VERSION, plan_from_dict, plan_from_json
+from oominfer.runtime.status import LogFacts, ProbeStatus
 from oominfer.settings import VllmSettings
-from oominfer.units import GiB, MiB
 from oominfer.verify.cache import cache_dir, cache_key
 from oominfer.verify.fit import FitResult, fit
 from oominfer.verify.prober import ProbeResult
-from oominfer.verify.status import LogFacts, ProbeStatus
 
 LLAMA_8B = "meta-llama/Llama-3.1-8B-Instruct"
 SMALL = "Qwen/Qwen2.5-0.5B-Instruct"

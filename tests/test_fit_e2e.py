@@ -25,15 +25,15 @@ from pathlib import Path
 import pytest
 from engine_util import MARK_VARIABLE, leftovers, wait_until_gone
 
-from oominfer.errors import DoesNotFitError
+from oominfer.base.errors import DoesNotFitError
+from oominfer.base.units import MiB
 from oominfer.hardware.hardware import Hardware
 from oominfer.model.folder import spec_from_folder
 from oominfer.planning.constraints import Constraints
 from oominfer.planning.document import Plan, plan_from_json
 from oominfer.planning.planner import plan
-from oominfer.units import MiB
-from oominfer.verify.classify import read_log
-from oominfer.verify.status import ProbeStatus
+from oominfer.runtime.classify import read_log
+from oominfer.runtime.status import ProbeStatus
 
 pytestmark = pytest.mark.slow
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from _pure_fixtures import offline_hub  # noqa: F401 - autouse fixture
 
-from oominfer.errors import InvalidSettingError, UnknownGpuError
+from oominfer.base.errors import InvalidSettingError, UnknownGpuError
+from oominfer.base.units import GiB
 from oominfer.hardware.gpu import GpuSpec, catalog, find_gpu
-from oominfer.units import GiB
 
 
 @pytest.mark.parametrize(

@@ -509,8 +509,8 @@ def test_help_lists_the_new_flags(capsys: pytest.CaptureFixture[str]) -> None:
     ],
 )
 def test_bad_limit_flags_are_refused(flags: list[str], message: str) -> None:
+    from oominfer.base.errors import InvalidSettingError
     from oominfer.engines.transformers.config import parse_args, resolve_config
-    from oominfer.errors import InvalidSettingError
 
     with pytest.raises(InvalidSettingError, match=re.escape(message)):
         resolve_config(parse_args(["--model", "m", *flags]))

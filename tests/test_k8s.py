@@ -22,15 +22,15 @@ from _scripts import load_script
 from click.testing import CliRunner
 
 from oominfer import k8s
+from oominfer.base.errors import ExitStatus, InvalidSettingError, PlanError
+from oominfer.base.units import GiB
 from oominfer.cli.k8s import k8s_command
 from oominfer.engines.vllm import to_vllm_args
-from oominfer.engines.vllm.rules.versions import LATEST_VLLM
-from oominfer.errors import ExitStatus, InvalidSettingError, PlanError
 from oominfer.k8s.options import K8sOptions
 from oominfer.k8s.sizing import Topology
 from oominfer.planning.document import Plan, Prediction, Verification, plan_to_dict
+from oominfer.rules.versions import LATEST_VLLM
 from oominfer.settings import VllmSettings
-from oominfer.units import GiB
 
 REPO = Path(__file__).resolve().parent.parent
 DEPLOY = REPO / "deploy" / "k8s"

@@ -13,10 +13,23 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "oominfer"
-PURE_CORE = ("model", "hardware", "memory", "planning", "k8s", "report")
+PURE_CORE = (
+    "base",
+    "settings",
+    "model",
+    "hardware",
+    "rules",
+    "memory",
+    "planning",
+    "k8s",
+    "report",
+)
 """The steps that must run anywhere, fast: no engine, no child process, no HTTP client."""
 FORBIDDEN_IN_CORE = ("torch", "vllm", "transformers", "httpx", "subprocess")
-STEPS = ("model", "hardware", "memory", "planning", "verify", "engines", "serving", "k8s")
+STEPS = (
+    "base", "settings", "model", "hardware", "rules", "memory", "planning", "runtime",
+    "engines", "verify", "serving", "k8s", "api",
+)  # fmt: skip
 
 
 def module_name(path: Path) -> str:
@@ -82,6 +95,33 @@ def test_the_cycle_finder_finds_a_type_only_cycle() -> None:
 
 def test_no_import_cycles() -> None:
     assert find_cycle(graph()) is None
+
+
+def package_of(module: str) -> str:
+    """The package a module lives in (a package is its own): ``oominfer.planning.search`` ->
+    ``oominfer.planning``, ``oominfer.engines.transformers`` -> itself."""
+    return module if MODULES[module].name == "__init__.py" else module.rpartition(".")[0]
+
+
+def package_graph() -> dict[str, set[str]]:
+    """oominfer package -> the other oominfer packages its modules import."""
+    edges: dict[str, set[str]] = {package_of(m): set() for m in MODULES}
+    for module, targets in graph().items():
+        edges[package_of(module)] |= {package_of(t) for t in targets} - {package_of(module)}
+    return edges
+
+
+def test_no_import_cycles_between_packages() -> None:
+    """A loop between folders (planning -> engines -> planning) is a loop even when no two
+    modules import each other; the top-level package counts as one too."""
+    assert find_cycle(package_graph()) is None
+
+
+def test_the_top_level_holds_only_the_entry_points() -> None:
+    """Everything below imports base/ or settings/, never the top package: so no module at
+    the top but the entry points (``__init__`` re-exports the API, ``__main__`` runs the CLI)."""
+    modules = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert modules == ["__init__.py", "__main__.py"]
 
 
 def closure(start: str, edges: dict[str, set[str]]) -> set[str]:

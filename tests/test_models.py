@@ -12,7 +12,7 @@ import pytest
 from _pure_fixtures import offline_hub  # noqa: F401 - autouse fixture
 from checkpoints import TINY_CONFIG, llama_tensors, model_folder, write_safetensors
 
-from oominfer.errors import (
+from oominfer.base.errors import (
     CorruptWeightsError,
     IncompleteCheckpointError,
     InvalidSettingError,

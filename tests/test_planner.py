@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from oominfer.errors import DoesNotFitError, ExitStatus, InvalidSettingError
+from oominfer.base.errors import DoesNotFitError, ExitStatus, InvalidSettingError
+from oominfer.base.units import GiB, MiB
 from oominfer.hardware.gpu import find_gpu
 from oominfer.hardware.hardware import Hardware
 from oominfer.model.load import load_spec
@@ -15,7 +16,6 @@ from oominfer.model.spec import ModelSpec
 from oominfer.planning.constraints import PREFERENCES, Constraints
 from oominfer.planning.planner import PlanResult, plan
 from oominfer.planning.search import candidates
-from oominfer.units import GiB, MiB
 
 LLAMA_8B = "meta-llama/Llama-3.1-8B-Instruct"
 LLAMA_70B = "meta-llama/Llama-3.1-70B-Instruct"

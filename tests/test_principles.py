@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 from _scripts import load_script
 
-from oominfer.engines.vllm.rules.parallel import tensor_parallel_refusal
-from oominfer.errors import DoesNotFitError, InvalidSettingError
+from oominfer.base.errors import DoesNotFitError, InvalidSettingError
 from oominfer.hardware.hardware import Hardware
 from oominfer.model.catalog import catalog_ids
 from oominfer.model.load import load_spec
@@ -33,6 +32,7 @@ from oominfer.planning.search import (
     settle,
     weight_formats,
 )
+from oominfer.rules.parallel import tensor_parallel_refusal
 
 GPUS = ("T4", "A10G", "L4", "A100-80GB", "H100")
 COUNTS = (1, 2, 8)

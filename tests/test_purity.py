@@ -16,8 +16,8 @@ HEAVY = ("torch", "vllm", "transformers")
 HUB = ("huggingface_hub",)
 
 PURE = [
-    "oominfer.errors",
-    "oominfer.units",
+    "oominfer.base.errors",
+    "oominfer.base.units",
     "oominfer.memory.dtypes",
     "oominfer.settings",
     "oominfer.model.load",

@@ -15,11 +15,11 @@ from test_api import _ReadyProber
 
 import oominfer
 from oominfer.cli import main
-from oominfer.engines import installed
 from oominfer.engines.command import engine_argv
 from oominfer.engines.transformers.config import parse_args, resolve_config
 from oominfer.hardware.hardware import Hardware
 from oominfer.planning.constraints import Constraints
+from oominfer.rules import installed
 from oominfer.serving.run import server_argv
 from oominfer.settings import VllmSettings
 from oominfer.verify import prober as prober_module

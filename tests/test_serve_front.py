@@ -24,11 +24,11 @@ import httpx
 import pytest
 from engine_util import MARK_VARIABLE, leftovers, wait_until_gone
 
-from oominfer.errors import InvalidSettingError
+from oominfer.base.errors import InvalidSettingError
 from oominfer.planning.document import Plan
+from oominfer.runtime.process import free_port
 from oominfer.serving.run import ServeExit, run
 from oominfer.settings import VllmSettings
-from oominfer.verify.process import free_port
 
 DRIVER = """
 import os, sys

@@ -22,8 +22,8 @@ import pytest
 from engine_util import MARK_VARIABLE, leftovers, wait_until_gone
 
 from oominfer.planning.document import Plan
+from oominfer.runtime.process import free_port
 from oominfer.settings import VllmSettings
-from oominfer.verify.process import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
+from oominfer.base.errors import ExitStatus, InvalidSettingError
 from oominfer.engines.vllm import to_vllm_args
-from oominfer.errors import ExitStatus, InvalidSettingError
 from oominfer.planning.document import Plan, Prediction
 from oominfer.serving.extra import merge_extra
 from oominfer.serving.run import ENGINE_STOP_S, explain_failure, server_argv
@@ -115,7 +115,7 @@ def test_serve_warns_when_the_installed_vllm_is_another_release(
     import dataclasses
 
     from oominfer.cli import serve as serve_cli
-    from oominfer.engines import installed
+    from oominfer.rules import installed
 
     monkeypatch.setattr(installed, "vllm_release", lambda: "0.32.0")
     serve_cli.warn_engine_version(dataclasses.replace(PLAN, engine_version="vllm 0.33.0"))

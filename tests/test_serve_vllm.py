@@ -22,7 +22,7 @@ import httpx
 import pytest
 from engine_util import MARK_VARIABLE, leftovers, wait_until_gone
 
-from oominfer.verify.process import free_port
+from oominfer.runtime.process import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from _pure_fixtures import offline_hub  # noqa: F401 - autouse fixture
 
-from oominfer.errors import UnsupportedConfigError
+from oominfer.base.errors import UnsupportedConfigError
 from oominfer.model.catalog import catalog_entry, catalog_ids
 from oominfer.model.config import spec_from_config
 from oominfer.model.spec import ModelSpec, QuantSpec

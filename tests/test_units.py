@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from _pure_fixtures import offline_hub  # noqa: F401 - autouse fixture
 
-from oominfer.errors import InvalidSettingError
-from oominfer.units import GB, MB, TB, GiB, KiB, MiB, TiB, format_bytes, parse_size
+from oominfer.base.errors import InvalidSettingError
+from oominfer.base.units import GB, MB, TB, GiB, KiB, MiB, TiB, format_bytes, parse_size
 
 
 def test_unit_constants() -> None:

@@ -28,7 +28,7 @@ CASES = catalog_matrix()
 
 KNOWN_REJECTIONS: dict[str, str] = {}
 """Case key (model|gpu|count|prefer) -> why vLLM rejects today's plan, each a strict xfail.
-Empty: the planner's rules (oominfer/engines/vllm/rules/) now refuse, or plan around, every
+Empty: the planner's rules (oominfer/rules/) now refuse, or plan around, every
 rejection this matrix found (across nodes without Ray, bitsandbytes and Gemma float16,
 methods below their minimum capability, TP not dividing the KV heads or the quantization
 groups, GPTQ act-order and asymmetric 4-bit, removed architectures)."""

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 from engine_util import EngineRun, run_vllm
 
+from oominfer.base.units import GiB
 from oominfer.hardware.hardware import Hardware
 from oominfer.memory.breakdown import MemoryBreakdown
 from oominfer.memory.estimate import estimate
 from oominfer.model.folder import spec_from_folder
 from oominfer.settings import VllmSettings
-from oominfer.units import GiB
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""vLLM's own rules, one test each, read like the rule (engines/vllm/rules/; issue 10).
+"""vLLM's own rules, one test each, read like the rule (rules/; issue 10).
 
 Each test names the vLLM source the rule was read from (0.32 and 0.33). Pure: the planner
 and the estimator, no engine. vLLM's own validation of the plans is tests/test_vllm_accepts.
@@ -11,10 +11,9 @@ import dataclasses
 import pytest
 
 import oominfer
+from oominfer.base.errors import InvalidSettingError
+from oominfer.base.units import GiB, parse_size
 from oominfer.engines.vllm import to_vllm_args
-from oominfer.engines.vllm.rules import attention, dtypes, kv_cache, parallel, quantization
-from oominfer.engines.vllm.rules.versions import CURRENT_VLLM, LATEST_VLLM, EngineVersion
-from oominfer.errors import InvalidSettingError
 from oominfer.hardware.gpu import find_gpu
 from oominfer.hardware.hardware import Hardware
 from oominfer.memory.estimate import estimate
@@ -23,8 +22,9 @@ from oominfer.model.config import spec_from_config
 from oominfer.model.load import load_spec
 from oominfer.model.spec import ModelSpec
 from oominfer.planning.constraints import Constraints
+from oominfer.rules import attention, dtypes, kv_cache, parallel, quantization
+from oominfer.rules.versions import CURRENT_VLLM, LATEST_VLLM, EngineVersion
 from oominfer.settings import VllmSettings
-from oominfer.units import GiB, parse_size
 
 LLAMA_8B = "meta-llama/Llama-3.1-8B-Instruct"
 

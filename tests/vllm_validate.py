@@ -695,8 +695,8 @@ def _planned(case: Case, argv: Sequence[str], summary: str) -> Planned:
 def plan_case(case: Case, root: Path) -> Planned | str:
     """The case's plan as vLLM sees it, or why there is none to validate."""
     import oominfer
+    from oominfer.base.errors import DoesNotFitError, InvalidSettingError
     from oominfer.engines.vllm import serve_argv
-    from oominfer.errors import DoesNotFitError, InvalidSettingError
 
     hardware = oominfer.Hardware.from_gpu(case.gpu, case.count)
     constraints = oominfer.Constraints(prefer=case.prefer)  # type: ignore[arg-type]

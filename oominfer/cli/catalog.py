@@ -13,8 +13,8 @@ from oominfer.cli.options import JSON
 @JSON
 def list_gpus(as_json: bool) -> None:
     """List the GPUs oominfer knows (`--gpu` takes any of these names)."""
+    from oominfer.base.units import GiB
     from oominfer.hardware.gpu import catalog
-    from oominfer.units import GiB
 
     rows = catalog()
     if as_json:

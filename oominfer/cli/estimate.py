@@ -8,6 +8,8 @@ from typing import Any
 
 import click
 
+from oominfer.base.errors import DoesNotFitError
+from oominfer.base.units import format_bytes
 from oominfer.cli.options import (
     AUTO,
     JSON,
@@ -17,12 +19,10 @@ from oominfer.cli.options import (
     hardware_options,
     settings_options,
 )
-from oominfer.engines.vllm.rules.parallel import tensor_parallel_refusal
-from oominfer.errors import DoesNotFitError
 from oominfer.hardware.hardware import Hardware
 from oominfer.model.spec import ModelSpec
+from oominfer.rules.parallel import tensor_parallel_refusal
 from oominfer.settings import Engine, VllmSettings
-from oominfer.units import format_bytes
 
 
 def parallel_note(spec: ModelSpec, hardware: Hardware, settings: VllmSettings) -> str | None:
@@ -73,7 +73,7 @@ def estimate(model: str, revision: str | None, as_json: bool, **opts: Any) -> No
     hardware = build_hardware(opts)
     spec = load_model(model, revision=revision)
     from oominfer.api import default_engine_version
-    from oominfer.engines.vllm.rules.versions import EngineVersion
+    from oominfer.rules.versions import EngineVersion
 
     release = opts.get("engine_version") or default_engine_version()
     if opts.get("max_model_len") == AUTO:

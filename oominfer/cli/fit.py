@@ -9,8 +9,8 @@ from typing import Any
 
 import click
 
+from oominfer.base.errors import OutputError
 from oominfer.cli.options import JSON, build_constraints, build_hardware, fit_options
-from oominfer.errors import OutputError
 from oominfer.planning.document import Plan
 
 
@@ -20,7 +20,7 @@ def fit_from_flags(model: str, opts: dict[str, Any]) -> tuple[Plan, bool]:
     Returns the plan, and whether it came from the cache of verified plans.
     """
     from oominfer.api import FitListener, can_verify, fit, load_model
-    from oominfer.engines.installed import engine_version
+    from oominfer.rules.installed import engine_version
 
     hardware = build_hardware(opts)
     constraints = build_constraints(opts)

@@ -24,9 +24,9 @@ from typing import Any, NoReturn
 
 import click
 
-from oominfer.errors import ExitStatus, OominferError
+from oominfer.base.errors import ExitStatus, OominferError
+from oominfer.base.version import __version__
 from oominfer.report.shapes import error_json, error_json_of
-from oominfer.version import __version__
 
 
 def colour() -> bool | None:

@@ -12,7 +12,8 @@ from typing import Any, Final, TypeVar, get_args
 
 import click
 
-from oominfer.errors import InvalidSettingError
+from oominfer.base.errors import InvalidSettingError
+from oominfer.base.units import parse_size
 from oominfer.hardware.hardware import Hardware
 from oominfer.planning.constraints import PRACTICAL_CONTEXT, Constraints, Prefer
 from oominfer.settings import (
@@ -24,7 +25,6 @@ from oominfer.settings import (
     Quantization,
     VllmSettings,
 )
-from oominfer.units import parse_size
 
 F = TypeVar("F", bound=Callable[..., Any])
 DEFAULTS = VllmSettings()

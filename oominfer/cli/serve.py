@@ -9,9 +9,9 @@ from typing import Any, Final
 import click
 from click.core import ParameterSource
 
+from oominfer.base.errors import InvalidSettingError, PlanError
 from oominfer.cli.fit import fit_from_flags
 from oominfer.cli.options import device_of, fit_options
-from oominfer.errors import InvalidSettingError, PlanError
 from oominfer.planning.document import Plan
 from oominfer.settings import Device, Engine
 
@@ -62,9 +62,9 @@ def _visible_gpus() -> int | None:
 
 def warn_engine_version(plan: Plan) -> None:
     """Say so when the installed vLLM is another release than the one the plan was made for:
-    memory profiles and rules change between releases (engines/vllm/rules/versions.py)."""
-    from oominfer.engines.installed import vllm_release
-    from oominfer.engines.vllm.rules.versions import EngineVersion
+    memory profiles and rules change between releases (rules/versions.py)."""
+    from oominfer.rules.installed import vllm_release
+    from oominfer.rules.versions import EngineVersion
 
     installed = vllm_release()
     if plan.engine != "vllm" or not plan.engine_version or installed is None:
@@ -88,7 +88,7 @@ def check_engine(engine: Engine, device: Device) -> None:
         InvalidSettingError: not installed (with the extra to install), or the CPU build of
             vLLM for a plan made for GPUs.
     """
-    from oominfer.engines.installed import engine_version
+    from oominfer.rules.installed import engine_version
 
     version = engine_version(engine)
     if version == "not installed":

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Final
 
-from oominfer.errors import InvalidSettingError, UnknownGpuError
-from oominfer.units import GiB, MiB
+from oominfer.base.errors import InvalidSettingError, UnknownGpuError
+from oominfer.base.units import GiB, MiB
 
 # CUDA reports less total memory than NVML: the driver keeps some for itself. Measured on
 # pairs of (nvidia-smi total, vLLM's total_gpu_memory) in calibration/: RTX 3090 24576 MiB vs

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from oominfer.errors import InvalidSettingError
+from oominfer.base.errors import InvalidSettingError
 from oominfer.hardware.gpu import GpuSpec, find_gpu
 from oominfer.settings import DEVICES, Device
 
@@ -78,7 +78,7 @@ class Hardware:
 
     def describe(self) -> str:
         """``2 x H100-80GB``, or ``the CPU with 6.00 GiB``."""
-        from oominfer.units import format_bytes
+        from oominfer.base.units import format_bytes
 
         if self.is_cpu:
             return f"the CPU with {format_bytes(self.gpu.cuda_total_bytes)}"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from oominfer.errors import InvalidSettingError
+from oominfer.base.errors import InvalidSettingError
 
 
 def available_memory_bytes() -> int:

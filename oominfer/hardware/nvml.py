@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 
-from oominfer.errors import UnknownGpuError
+from oominfer.base.errors import UnknownGpuError
 from oominfer.hardware.gpu import CUDA_RESERVED_BYTES, GpuSpec, find_gpu
 
 

@@ -7,9 +7,9 @@ import re
 from dataclasses import dataclass
 from typing import Any, Final
 
-from oominfer.errors import InvalidSettingError
+from oominfer.base.errors import InvalidSettingError
+from oominfer.base.version import __version__
 from oominfer.planning.document import Plan
-from oominfer.version import __version__
 
 Manifest = dict[str, Any]
 

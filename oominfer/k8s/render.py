@@ -13,6 +13,7 @@ sizing in ``sizing``, the pod in ``pod``, the PDB, autoscaling and monitoring ob
 
 from __future__ import annotations
 
+from oominfer.base.version import __version__
 from oominfer.k8s.dump import dump_yaml
 from oominfer.k8s.multinode import LWS_NAME_LABEL, leader_worker_set, ray_scripts
 from oominfer.k8s.optional import hpa, pdb, scaled_object, service_monitor
@@ -21,7 +22,6 @@ from oominfer.k8s.pod import pod_metadata, pod_spec, server_container
 from oominfer.k8s.sizing import pvc_bytes, quantity, topology
 from oominfer.k8s.warnings import plan_warnings
 from oominfer.planning.document import Plan
-from oominfer.version import __version__
 
 
 def deployment(plan: Plan, options: K8sOptions) -> Manifest:

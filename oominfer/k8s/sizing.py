@@ -7,10 +7,10 @@ import math
 from dataclasses import dataclass
 from typing import Final
 
-from oominfer.errors import InvalidSettingError, PlanError
+from oominfer.base.errors import InvalidSettingError, PlanError
+from oominfer.base.units import MB, GiB
 from oominfer.k8s.options import K8sOptions, Manifest
 from oominfer.planning.document import Plan
-from oominfer.units import MB, GiB
 
 GPU_RESOURCE: Final = "nvidia.com/gpu"
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from oominfer.errors import PlanError
+from oominfer.base.errors import PlanError
 from oominfer.k8s.options import K8sOptions
 from oominfer.k8s.sizing import topology
 from oominfer.planning.document import Plan

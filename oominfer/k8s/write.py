@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from oominfer.errors import OutputError
+from oominfer.base.errors import OutputError
 
 
 def write_manifests(files: dict[str, str], out_dir: Path) -> list[Path]:

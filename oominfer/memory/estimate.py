@@ -17,18 +17,8 @@ from __future__ import annotations
 
 import math
 
-from oominfer.engines.vllm.rules import kv_cache as kv_cache_rules
-from oominfer.engines.vllm.rules import quantization as quantization_rules
-from oominfer.engines.vllm.rules.attention import (
-    block_size,
-    capture_sizes,
-    max_capture_size,
-    state_blocks_per_request,
-    triton_mla_workspace_bytes,
-)
-from oominfer.engines.vllm.rules.parallel import tensor_parallel_refusal
-from oominfer.engines.vllm.rules.versions import CURRENT_VLLM, EngineVersion
-from oominfer.errors import InvalidSettingError
+from oominfer.base.errors import InvalidSettingError
+from oominfer.base.units import GiB
 from oominfer.hardware.hardware import Hardware
 from oominfer.memory.breakdown import MemoryBreakdown
 from oominfer.memory.dtypes import dtype_bytes, kv_dtype_bytes
@@ -48,8 +38,18 @@ from oominfer.memory.profile import (
 from oominfer.memory.transformers import transformers_breakdown
 from oominfer.memory.weights import pp_layer_ranges, resolve_dtype, stage_weights
 from oominfer.model.spec import ATTENTION_KINDS, STATE_KINDS, ModelSpec
+from oominfer.rules import kv_cache as kv_cache_rules
+from oominfer.rules import quantization as quantization_rules
+from oominfer.rules.attention import (
+    block_size,
+    capture_sizes,
+    max_capture_size,
+    state_blocks_per_request,
+    triton_mla_workspace_bytes,
+)
+from oominfer.rules.parallel import tensor_parallel_refusal
+from oominfer.rules.versions import CURRENT_VLLM, EngineVersion
 from oominfer.settings import Engine, VllmSettings
-from oominfer.units import GiB
 
 
 def estimate(

@@ -6,8 +6,8 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from oominfer.engines.vllm.rules.versions import CURRENT_VLLM, EngineVersion
 from oominfer.model.spec import ModelSpec
+from oominfer.rules.versions import CURRENT_VLLM, EngineVersion
 
 
 def kv_bytes_per_token_layer(
@@ -39,7 +39,7 @@ class KvLayout:
     groups of ``group_size`` layers, and one block is a page in every layer of a group, so
     ``bytes_per_block = group_size x page``. A request needs, per group, cdiv(L, block) blocks
     (full attention), at most cdiv(window - 1 + in-flight tokens, block) + 1 (sliding window),
-    or ``state_blocks`` blocks (a recurrent state: engines/vllm/rules/attention.py).
+    or ``state_blocks`` blocks (a recurrent state: rules/attention.py).
     """
 
     block_size: int

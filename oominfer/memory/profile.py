@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Final
 
-from oominfer.engines.vllm.rules.versions import CURRENT_VLLM, EngineVersion
+from oominfer.base.units import GiB, MiB
 from oominfer.hardware.hardware import Hardware
 from oominfer.model.spec import ModelSpec
-from oominfer.units import GiB, MiB
+from oominfer.rules.versions import CURRENT_VLLM, EngineVersion
 
 # Memory the engine holds after profiling beyond weights and activations: cuBLAS and
 # attention workspaces, persistent input and sampler buffers; with tensor parallelism the

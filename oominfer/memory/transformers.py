@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Final
 
+from oominfer.base.units import MiB
 from oominfer.memory.breakdown import MemoryBreakdown
 from oominfer.memory.profile import activation_bytes
 from oominfer.model.spec import ModelSpec
-from oominfer.units import MiB
 
 # The transformers engine keeps the CUDA context and cuBLAS workspace beside the weights.
 TRANSFORMERS_OVERHEAD_BYTES: Final = 512 * MiB

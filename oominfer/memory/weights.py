@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Final
 
-from oominfer.engines.vllm.rules.dtypes import compute_dtype
-from oominfer.errors import InvalidSettingError
+from oominfer.base.errors import InvalidSettingError
 from oominfer.hardware.gpu import GpuSpec
 from oominfer.memory.dtypes import dtype_bytes
 from oominfer.model.spec import ModelSpec, QuantSpec
+from oominfer.rules.dtypes import compute_dtype
 
 # vLLM pads the vocabulary of the embedding and LM head to a multiple of 64
 # (vocab_parallel_embedding.py DEFAULT_VOCAB_PADDING_SIZE).
@@ -16,7 +16,7 @@ VOCAB_PADDING: Final = 64
 
 
 def resolve_dtype(spec: ModelSpec, gpu: GpuSpec, dtype: str) -> str:
-    """The compute dtype vLLM runs the model in (engines/vllm/rules/dtypes.py).
+    """The compute dtype vLLM runs the model in (rules/dtypes.py).
 
     Raises:
         InvalidSettingError: a dtype the GPU or the model refuses.

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from oominfer.errors import ModelError
+from oominfer.base.errors import ModelError
 from oominfer.model.config import spec_from_config, with_modelopt
 from oominfer.model.spec import Checkpoint, ModelSpec
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
-from oominfer.errors import UnsupportedConfigError
+from oominfer.base.errors import UnsupportedConfigError
 from oominfer.model.params import UNGATED_MLP, param_counts, state_per_layer
 from oominfer.model.reader import ConfigReader
 from oominfer.model.spec import Checkpoint, LayerKind, ModelSpec, QuantSpec

@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Final
 
-from oominfer.errors import (
+from oominfer.base.errors import (
     CorruptWeightsError,
     IncompleteCheckpointError,
     ModelError,

@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 from typing import Final
 
-from oominfer.errors import GatedModelError, ModelNotFoundError, UnsupportedConfigError
+from oominfer.base.errors import GatedModelError, ModelNotFoundError, UnsupportedConfigError
 from oominfer.model.catalog import catalog_ids
 from oominfer.model.config import spec_from_config
 from oominfer.model.folder import read_config, spec_from_folder

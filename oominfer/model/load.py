@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from oominfer.errors import InvalidSettingError, ModelNotFoundError
+from oominfer.base.errors import InvalidSettingError, ModelNotFoundError
 from oominfer.model.catalog import catalog_entry
 from oominfer.model.config import spec_from_config
 from oominfer.model.folder import read_config, spec_from_folder

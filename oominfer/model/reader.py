@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from oominfer.errors import UnsupportedConfigError
+from oominfer.base.errors import UnsupportedConfigError
 
 
 class ConfigReader:

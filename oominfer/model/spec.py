@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
-from oominfer.errors import InvalidSettingError
+from oominfer.base.errors import InvalidSettingError
 
 LayerKind = Literal["full", "sliding", "mamba", "linear_attention", "mlp"]
 """What a decoder layer keeps per sequence: a full KV cache, a sliding window of it, a fixed

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final, Literal, get_args
 
-from oominfer.engines.vllm.rules.versions import LATEST_VLLM, EngineVersion
-from oominfer.errors import InvalidSettingError
+from oominfer.base.errors import InvalidSettingError
+from oominfer.rules.versions import LATEST_VLLM, EngineVersion
 from oominfer.settings import Dtype, Engine
 
 Prefer = Literal["balanced", "context", "throughput", "quality"]

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from oominfer.errors import InvalidSettingError, PlanError
+from oominfer.base.errors import InvalidSettingError, PlanError
 from oominfer.memory.breakdown import MemoryBreakdown
 from oominfer.settings import DEVICES, ENGINES, Device, Engine, VllmSettings
 

@@ -6,11 +6,11 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Final
 
-from oominfer.engines.vllm.rules import parallel as parallel_rules
-from oominfer.engines.vllm.rules.parallel import tensor_parallel_refusal
 from oominfer.hardware.hardware import Hardware
 from oominfer.model.spec import ModelSpec
 from oominfer.planning.constraints import Constraints
+from oominfer.rules import parallel as parallel_rules
+from oominfer.rules.parallel import tensor_parallel_refusal
 from oominfer.settings import ExecutorBackend, VllmSettings
 
 TENSOR_PARALLEL_SIZES: Final = (1, 2, 4, 8, 16)
@@ -57,7 +57,7 @@ def layouts(spec: ModelSpec, hardware: Hardware, c: Constraints) -> list[Layout]
 
 
 def executor_backend(layout: Layout, c: Constraints) -> ExecutorBackend | None:
-    """vLLM's executor for this layout (engines/vllm/rules/parallel.py)."""
+    """vLLM's executor for this layout (rules/parallel.py)."""
     return parallel_rules.executor_backend(layout.world_size, c.gpus_per_node)
 
 

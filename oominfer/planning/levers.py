@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from oominfer.engines.vllm.rules.versions import EngineVersion
-from oominfer.errors import InvalidSettingError
+from oominfer.base.errors import InvalidSettingError
+from oominfer.base.units import GiB, format_bytes
 from oominfer.hardware.hardware import Hardware
 from oominfer.memory.estimate import estimate
 from oominfer.memory.profile import vllm_defaults
@@ -14,8 +14,8 @@ from oominfer.model.spec import ModelSpec
 from oominfer.planning.costs import why
 from oominfer.planning.document import Lever
 from oominfer.planning.search import Candidate
+from oominfer.rules.versions import EngineVersion
 from oominfer.settings import Engine, VllmSettings
-from oominfer.units import GiB, format_bytes
 
 
 def explain(

@@ -10,7 +10,8 @@ import dataclasses
 import math
 from collections.abc import Iterator
 
-from oominfer.errors import DoesNotFitError, InvalidSettingError, ModelError
+from oominfer.base.errors import DoesNotFitError, InvalidSettingError, ModelError
+from oominfer.base.units import format_bytes
 from oominfer.hardware.hardware import Hardware
 from oominfer.memory.breakdown import MemoryBreakdown
 from oominfer.model.catalog import quantized_siblings
@@ -26,7 +27,6 @@ from oominfer.planning.search import (
     roomiest,
     with_offload,
 )
-from oominfer.units import format_bytes
 
 GPU_COUNTS = (2, 4, 8, 16, 32, 64)
 """GPU counts tried as a way out."""

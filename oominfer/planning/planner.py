@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from oominfer.errors import InvalidSettingError
+from oominfer.base.errors import InvalidSettingError
 from oominfer.hardware.hardware import Hardware
 from oominfer.memory.breakdown import MemoryBreakdown
 from oominfer.model.spec import ModelSpec

@@ -1,19 +1,19 @@
 """What the engine cannot run at all, found before searching: the engine a checkpoint
-needs, and the architectures, checkpoints and dtypes vLLM refuses (engines/vllm/rules/)."""
+needs, and the architectures, checkpoints and dtypes vLLM refuses (rules/)."""
 
 from __future__ import annotations
 
 import dataclasses
 
-from oominfer.engines.vllm.rules import architectures as architecture_rules
-from oominfer.engines.vllm.rules import quantization as quantization_rules
-from oominfer.engines.vllm.rules.dtypes import compute_dtype
-from oominfer.engines.vllm.rules.parallel import tensor_parallel_refusal
-from oominfer.errors import InvalidSettingError
+from oominfer.base.errors import InvalidSettingError
 from oominfer.hardware.hardware import Hardware
 from oominfer.model.spec import ModelSpec
 from oominfer.planning.constraints import Constraints
 from oominfer.planning.document import Lever
+from oominfer.rules import architectures as architecture_rules
+from oominfer.rules import quantization as quantization_rules
+from oominfer.rules.dtypes import compute_dtype
+from oominfer.rules.parallel import tensor_parallel_refusal
 
 
 def engine_for(spec: ModelSpec, c: Constraints) -> tuple[Constraints, Lever | None]:
@@ -38,7 +38,7 @@ def check_checkpoint(spec: ModelSpec, hardware: Hardware, c: Constraints) -> Non
 
     Raises:
         InvalidSettingError: the dtype is refused, or the checkpoint's quantization method
-            needs another GPU or dtype (engines/vllm/rules/quantization.py).
+            needs another GPU or dtype (rules/quantization.py).
     """
     dtype = compute_dtype(spec, hardware.gpu, c.dtype)
     if c.engine != "vllm":

@@ -13,10 +13,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Final
 
-from oominfer.engines.vllm.rules import kv_cache as kv_cache_rules
-from oominfer.engines.vllm.rules import quantization as quantization_rules
-from oominfer.engines.vllm.rules.dtypes import compute_dtype
-from oominfer.errors import InvalidSettingError
+from oominfer.base.errors import InvalidSettingError
+from oominfer.base.units import GiB, MiB
 from oominfer.hardware.hardware import Hardware
 from oominfer.memory.breakdown import MemoryBreakdown
 from oominfer.memory.estimate import estimate
@@ -25,8 +23,10 @@ from oominfer.model.spec import ModelSpec
 from oominfer.planning.constraints import Constraints
 from oominfer.planning.costs import WEIGHT_ONLY_FP8
 from oominfer.planning.layout import Layout, layouts, on_layout, replicas
+from oominfer.rules import kv_cache as kv_cache_rules
+from oominfer.rules import quantization as quantization_rules
+from oominfer.rules.dtypes import compute_dtype
 from oominfer.settings import KvCacheDtype, Quantization, VllmSettings
-from oominfer.units import GiB, MiB
 
 SEQ_STEPS: Final = (1024, 512, 256, 128, 64, 32, 16, 8, 4, 2, 1)
 CHUNK_STEPS: Final = (1024, 512)
@@ -64,7 +64,7 @@ def weight_formats(
     spec: ModelSpec, hardware: Hardware, c: Constraints
 ) -> list[Quantization | None]:
     """Weight formats to try: the checkpoint's own, then in-flight ones the engine accepts
-    here (engines/vllm/rules/quantization.py)."""
+    here (rules/quantization.py)."""
     if spec.quantization is not None or not c.quantizes_weights:
         return [None]
     online: tuple[Quantization, ...] = (
@@ -87,7 +87,7 @@ def weight_formats(
 
 def kv_cache_dtypes(spec: ModelSpec, hardware: Hardware, c: Constraints) -> list[KvCacheDtype]:
     """KV-cache dtypes to try: the model's, then FP8 where vLLM runs it
-    (engines/vllm/rules/kv_cache.py)."""
+    (rules/kv_cache.py)."""
     if hardware.is_cpu or c.engine != "vllm" or not c.quantizes_kv:
         return ["auto"]
     refused = kv_cache_rules.refusal(

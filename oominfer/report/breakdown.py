@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+from oominfer.base.units import format_bytes
 from oominfer.hardware.hardware import Hardware
 from oominfer.memory.breakdown import MemoryBreakdown
 from oominfer.model.spec import ModelSpec
 from oominfer.planning.document import Prediction
-from oominfer.units import format_bytes
 
 BAR_WIDTH = 60
 # (label, glyph, colour) of each bar segment, in the order vLLM allocates them. Every part

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import shlex
 
+from oominfer.base.units import format_bytes
 from oominfer.engines.vllm import to_vllm_args
 from oominfer.planning.document import Alternative, Concurrency, Plan
 from oominfer.report.breakdown import bar_line, verdict
 from oominfer.settings import VllmSettings
-from oominfer.units import format_bytes
 
 
 def lever_phrase(name: str, s: VllmSettings) -> str:

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 
-from oominfer.engines.vllm.rules.parallel import tensor_parallel_refusal
-from oominfer.engines.vllm.rules.versions import CURRENT_VLLM, EngineVersion
-from oominfer.errors import InvalidSettingError
+from oominfer.base.errors import InvalidSettingError
 from oominfer.hardware.hardware import Hardware
 from oominfer.memory.breakdown import MemoryBreakdown
 from oominfer.memory.estimate import estimate
 from oominfer.model.spec import ModelSpec
+from oominfer.rules.parallel import tensor_parallel_refusal
+from oominfer.rules.versions import CURRENT_VLLM, EngineVersion
 from oominfer.settings import Engine, VllmSettings
 
 _PARALLEL = (2, 4, 8)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from oominfer.base.errors import InvalidSettingError
 from oominfer.engines.vllm import to_vllm_args
-from oominfer.errors import InvalidSettingError
 from oominfer.planning.document import Plan
 
 

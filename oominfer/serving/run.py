@@ -31,16 +31,16 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any, Final
 
+from oominfer.base.errors import ExitStatus, InvalidSettingError
+from oominfer.base.units import format_bytes
 from oominfer.engines.command import engine_argv
-from oominfer.engines.environment import engine_env
-from oominfer.errors import ExitStatus, InvalidSettingError
 from oominfer.planning.document import Plan
+from oominfer.runtime.classify import read_log
+from oominfer.runtime.environment import engine_env
+from oominfer.runtime.process import STOP_SIGNALS, free_port, start_engine, stop
+from oominfer.runtime.status import LogFacts, ProbeStatus
 from oominfer.serving.extra import merge_extra
-from oominfer.units import format_bytes
-from oominfer.verify.classify import read_log
 from oominfer.verify.prober import failure_of
-from oominfer.verify.process import STOP_SIGNALS, free_port, start_engine, stop
-from oominfer.verify.status import LogFacts, ProbeStatus
 
 if TYPE_CHECKING:
     from oominfer.serving.front import Front

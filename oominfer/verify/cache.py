@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from oominfer.errors import OominferError
+from oominfer.base.errors import OominferError
 from oominfer.hardware.hardware import Hardware
 from oominfer.model.spec import ModelSpec
 from oominfer.planning.constraints import Constraints

@@ -9,16 +9,16 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from oominfer.errors import DoesNotFitError
+from oominfer.base.errors import DoesNotFitError
+from oominfer.base.units import GiB, format_bytes
 from oominfer.hardware.hardware import Hardware
 from oominfer.model.spec import ModelSpec
 from oominfer.planning.constraints import Constraints
 from oominfer.planning.document import Lever
 from oominfer.planning.planner import PlanResult
+from oominfer.runtime.status import ProbeStatus
 from oominfer.settings import VllmSettings
-from oominfer.units import GiB, format_bytes
 from oominfer.verify.prober import ProbeResult
-from oominfer.verify.status import ProbeStatus
 
 
 def _free_fraction(detail: str) -> float | None:

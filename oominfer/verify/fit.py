@@ -16,17 +16,17 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from oominfer.errors import DoesNotFitError, ProbeFailedError
+from oominfer.base.errors import DoesNotFitError, ProbeFailedError
 from oominfer.hardware.hardware import Hardware
 from oominfer.model.spec import ModelSpec
 from oominfer.planning.constraints import Constraints
 from oominfer.planning.document import Lever, Plan, Verification
 from oominfer.planning.planner import PlanResult, plan
 from oominfer.planning.record import make_plan, now
+from oominfer.runtime.status import ProbeStatus
 from oominfer.verify.cache import cache_key, cached_plan, store_plan
 from oominfer.verify.correct import correct
 from oominfer.verify.prober import Prober, ProbeResult
-from oominfer.verify.status import ProbeStatus
 
 MAX_LAUNCHES = 3
 

@@ -18,15 +18,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from oominfer.engines.amx import sigill_explanation
 from oominfer.engines.command import engine_argv
-from oominfer.engines.environment import engine_env
-from oominfer.engines.installed import engine_version
+from oominfer.rules.installed import engine_version
+from oominfer.runtime.amx import sigill_explanation
+from oominfer.runtime.classify import read_log
+from oominfer.runtime.environment import engine_env
+from oominfer.runtime.load_test import healthy, load_test
+from oominfer.runtime.process import free_port, group_rss_bytes, start_engine, stop
+from oominfer.runtime.status import LogFacts, ProbeStatus
 from oominfer.settings import Device, Engine, VllmSettings
-from oominfer.verify.classify import read_log
-from oominfer.verify.load_test import healthy, load_test
-from oominfer.verify.process import free_port, group_rss_bytes, start_engine, stop
-from oominfer.verify.status import LogFacts, ProbeStatus
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

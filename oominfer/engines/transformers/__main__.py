@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import sys
 
-from oominfer.engines.amx import apply_in_process
 from oominfer.engines.transformers.cli import main
+from oominfer.runtime.amx import apply_in_process
 
 if __name__ == "__main__":
     # Started by hand on a host whose CPU traps AMX: run without it (oneDNN reads the setting

@@ -10,6 +10,8 @@ from collections.abc import Sequence
 
 import uvicorn
 
+from oominfer.base.errors import OominferError
+from oominfer.base.units import format_bytes
 from oominfer.engines.transformers.config import (
     API_KEY_ENV,
     ServerConfig,
@@ -20,8 +22,6 @@ from oominfer.engines.transformers.connections import protocol_class
 from oominfer.engines.transformers.runner import ModelRunner
 from oominfer.engines.transformers.server import Server
 from oominfer.engines.transformers.shutdown import DrainingUvicorn
-from oominfer.errors import OominferError
-from oominfer.units import format_bytes
 
 log = logging.getLogger("oominfer.transformers")
 

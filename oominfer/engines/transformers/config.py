@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from oominfer.base.errors import InvalidSettingError
+from oominfer.base.units import parse_size
 from oominfer.engines.transformers.memory import TEST_OOM_ENV
-from oominfer.errors import InvalidSettingError
 from oominfer.planning.document import Plan, plan_from_json
 from oominfer.settings import VllmSettings
-from oominfer.units import parse_size
 
 log = logging.getLogger("oominfer.transformers")
 

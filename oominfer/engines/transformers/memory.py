@@ -17,7 +17,7 @@ from typing import Final
 
 import torch
 
-from oominfer.errors import InvalidSettingError
+from oominfer.base.errors import InvalidSettingError
 
 log = logging.getLogger("oominfer.transformers")
 

@@ -8,10 +8,10 @@ from typing import Final
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from oominfer.base.units import format_bytes
 from oominfer.engines.transformers.metrics import Metrics
 from oominfer.engines.transformers.openapi import OPENAPI_PATH
 from oominfer.engines.transformers.protocol import CLIENT_CLOSED_REQUEST, ApiError, shutting_down
-from oominfer.units import format_bytes
 
 _ROUTES: Final = frozenset(
     {"/v1/models", "/v1/completions", "/v1/chat/completions", "/health", "/metrics", OPENAPI_PATH}

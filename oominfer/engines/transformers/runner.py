@@ -8,10 +8,10 @@ from typing import Any
 
 import torch
 
+from oominfer.base.errors import ModelNotFoundError
 from oominfer.engines.transformers.config import ServerConfig
 from oominfer.engines.transformers.kv import Batch
 from oominfer.engines.transformers.memory import FaultInjector
-from oominfer.errors import ModelNotFoundError
 
 log = logging.getLogger("oominfer.transformers")
 

@@ -14,6 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from oominfer.base.version import __version__
 from oominfer.engines.transformers.config import ServerConfig
 from oominfer.engines.transformers.middleware import Gate, GateState
 from oominfer.engines.transformers.openapi import OPENAPI_PATH, error_responses, openapi_schema
@@ -35,7 +36,6 @@ from oominfer.engines.transformers.protocol import (
 from oominfer.engines.transformers.runner import ModelRunner
 from oominfer.engines.transformers.scheduler import Scheduler
 from oominfer.engines.transformers.sequence import Event, FinishEvent, Seq, TokenEvent
-from oominfer.version import __version__
 
 log = logging.getLogger("oominfer.transformers")
 

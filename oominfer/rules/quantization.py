@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
-from oominfer.engines.vllm.rules.versions import CURRENT_RELEASE
 from oominfer.hardware.gpu import GpuSpec
 from oominfer.model.spec import QuantSpec
+from oominfer.rules.versions import CURRENT_RELEASE
 from oominfer.settings import Engine
 
 _SIXTEEN: Final = frozenset({"bfloat16", "float16"})

@@ -179,7 +179,7 @@ def _sitecustomize(amx: Amx) -> str | None:
     else:
         return None
     return (
-        '"""Written by oominfer (oominfer/engines/amx.py) for the engines it starts."""\n'
+        '"""Written by oominfer (oominfer/runtime/amx.py) for the engines it starts."""\n'
         f"try:\n    import torch\n\n    {body}\nexcept Exception:\n    pass\n"
     )
 

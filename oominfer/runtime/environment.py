@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from oominfer.engines.amx import Amx, amx_status, site_folder, trap_note, workaround_env
+from oominfer.runtime.amx import Amx, amx_status, site_folder, trap_note, workaround_env
 from oominfer.settings import Device, Engine, VllmSettings
 
 API_KEY_VARIABLES: dict[Engine, str] = {"vllm": "VLLM_API_KEY", "transformers": "OOMINFER_API_KEY"}
@@ -31,7 +31,7 @@ def engine_env(
 
     - minus VLLM_CPU_KVCACHE_SPACE when the KV size is pinned by flag (it would override it);
     - the API key in the variable the engine reads;
-    - on the CPU, what AMX needs here (``oominfer.engines.amx``): where it traps, oneDNN capped
+    - on the CPU, what AMX needs here (``oominfer.runtime.amx``): where it traps, oneDNN capped
       below it and torch told it is absent (with a note saying so); where it works, the tile
       state requested before the first forward pass (eager mode dies without it). Both through
       a sitecustomize.py on the child's PYTHONPATH, kept in the oominfer cache folder.

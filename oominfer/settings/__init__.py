@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final, Literal, get_args
 
-from oominfer.errors import InvalidSettingError
+from oominfer.base.errors import InvalidSettingError
 
 Dtype = Literal["auto", "bfloat16", "float16", "float32"]
 """The ``--dtype`` choices (vLLM also accepts ``half`` and ``float``: normalised by dtype_name)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Final
 
-from oominfer.errors import InvalidSettingError
+from oominfer.base.errors import InvalidSettingError
 
 KiB: Final = 1024
 MiB: Final = 1024**2

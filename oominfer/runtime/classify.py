@@ -6,8 +6,8 @@ import re
 from dataclasses import replace
 from typing import Final
 
-from oominfer.units import GiB
-from oominfer.verify.status import LogFacts, ProbeStatus
+from oominfer.base.units import GiB
+from oominfer.runtime.status import LogFacts, ProbeStatus
 
 _GIB: Final = r"(-?[\d.]+)\s*GiB"
 _KV_TOO_SMALL: Final = re.compile(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from oominfer.errors import InvalidSettingError
+from oominfer.base.errors import InvalidSettingError
 from oominfer.hardware.gpu import GpuSpec
 from oominfer.model.spec import ModelSpec
 from oominfer.settings import dtype_name

@@ -9,7 +9,7 @@
     >>> plan.settings.max_model_len <= 131072
     True
 
-Every function raises an ``oominfer.errors.OominferError`` subclass for an expected failure
+Every function raises an ``oominfer.base.errors.OominferError`` subclass for an expected failure
 (unknown model, impossible setting, does not fit, engine failure), each with its exit code
 and a hint; nothing here prints or exits.
 """
@@ -23,8 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from oominfer.engines.vllm.rules.versions import LATEST_VLLM, EngineVersion
-from oominfer.errors import InvalidSettingError
+from oominfer.base.errors import InvalidSettingError
 from oominfer.hardware.hardware import Hardware
 from oominfer.memory.breakdown import MemoryBreakdown
 from oominfer.memory.estimate import estimate as _estimate
@@ -35,6 +34,7 @@ from oominfer.planning.constraints import Constraints
 from oominfer.planning.document import Plan
 from oominfer.planning.planner import plan as _plan
 from oominfer.planning.record import make_plan
+from oominfer.rules.versions import LATEST_VLLM, EngineVersion
 from oominfer.settings import Engine, VllmSettings
 
 ModelLike = ModelSpec | str
@@ -109,8 +109,8 @@ def estimate(
 
 def default_engine_version() -> str:
     """The vLLM release plans are made for unless told: the installed one, else the latest
-    (engines/vllm/rules/versions.py)."""
-    from oominfer.engines.installed import vllm_release
+    (rules/versions.py)."""
+    from oominfer.rules.installed import vllm_release
 
     latest = ".".join(map(str, LATEST_VLLM.release))
     return vllm_release() or latest
@@ -180,8 +180,8 @@ def _planned_for(c: Constraints) -> str | None:
 def can_verify(hardware: Hardware, engine: Engine = "vllm") -> bool:
     """True when this machine can prove a plan: the engine is installed, and the plan is for
     the CPU or a GPU is present."""
-    from oominfer.engines.installed import engine_installed
     from oominfer.hardware.nvml import detect_gpus
+    from oominfer.rules.installed import engine_installed
 
     return engine_installed(engine) and (hardware.is_cpu or bool(detect_gpus()))
 
@@ -189,7 +189,7 @@ def can_verify(hardware: Hardware, engine: Engine = "vllm") -> bool:
 @contextlib.contextmanager
 def _engines_die_with_us() -> Iterator[None]:
     """SIGTERM kills the engines (main thread only: signals cannot be set elsewhere)."""
-    from oominfer.verify.process import interrupts_kill_engines, kill_all
+    from oominfer.runtime.process import interrupts_kill_engines, kill_all
 
     if threading.current_thread() is threading.main_thread():
         with interrupts_kill_engines():
@@ -236,8 +236,8 @@ def fit(
         ProbeFailedError: the engine failed for a reason other than memory.
         InvalidSettingError: ``verify`` without the engine installed, or bad constraints.
     """
-    from oominfer.engines.installed import engine_installed, engine_version
     from oominfer.hardware.nvml import detect_gpus
+    from oominfer.rules.installed import engine_installed, engine_version
     from oominfer.verify.fit import fit as fit_model
     from oominfer.verify.prober import EngineProber
 

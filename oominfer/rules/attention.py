@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from typing import Final
 
-from oominfer.engines.vllm.rules.versions import EngineVersion
 from oominfer.hardware.gpu import GpuSpec
 from oominfer.model.spec import ModelSpec
+from oominfer.rules.versions import EngineVersion
 
 SOURCE: Final = "vllm/config/vllm.py VllmConfig._set_cudagraph_sizes"
 GPU_BLOCK_SIZE: Final = 16

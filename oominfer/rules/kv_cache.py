@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Final
 
-from oominfer.engines.vllm.rules.versions import EngineVersion
 from oominfer.hardware.gpu import GpuSpec
+from oominfer.rules.versions import EngineVersion
 
 SOURCE: Final = (
     "vllm/v1/attention/backends/{flashinfer,triton_attn,flash_attn}.py "

@@ -1,7 +1,7 @@
 """Engine processes: starting them on a lifeline, their memory, and killing them all.
 
 Every engine runs in its own process group under the lifeline supervisor
-(``oominfer/verify/lifeline.py``), which stops the group when this process dies, however it
+(``oominfer/runtime/lifeline.py``), which stops the group when this process dies, however it
 dies. The groups this process started are also kept in ``_LIVE`` and killed at exit, on
 SIGTERM, SIGHUP and Ctrl-C, so no engine outlives oominfer.
 """
