@@ -28,7 +28,7 @@ from oominfer.memory.estimate import estimate
 from oominfer.model.catalog import catalog_entry
 from oominfer.model.load import load_spec
 from oominfer.rules.versions import EngineVersion
-from oominfer.settings import VllmSettings
+from oominfer.settings import EngineSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_LOGS = ROOT.parent / "shared" / "calibration" / "vllm_memory_logs.jsonl"
@@ -102,7 +102,7 @@ def replay(point: dict[str, Any]) -> dict[str, Any]:
     version = _version(point)
     gpu = _gpu(point)
     tp = point.get("tensor_parallel_size") or 1
-    settings = VllmSettings(
+    settings = EngineSettings(
         dtype=_dtype(point.get("dtype")),  # type: ignore[arg-type]
         gpu_memory_utilization=point.get("gpu_memory_utilization") or 0.9,
         max_model_len=point.get("max_model_len") or point.get("max_concurrency_tokens_per_request"),

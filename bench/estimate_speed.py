@@ -18,7 +18,7 @@ from oominfer.hardware.gpu import find_gpu
 from oominfer.hardware.hardware import Hardware
 from oominfer.memory.estimate import estimate
 from oominfer.model.load import load_spec
-from oominfer.settings import VllmSettings
+from oominfer.settings import EngineSettings
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
@@ -53,7 +53,7 @@ def configs_per_second(seconds: float = 2.0) -> tuple[int, float]:
     spec = load_spec(MODEL)
     hw = Hardware(gpu=find_gpu("L4"), count=2)
     grid = itertools.cycle(
-        VllmSettings(
+        EngineSettings(
             max_model_len=length,
             max_num_seqs=seqs,
             enforce_eager=eager,

@@ -28,7 +28,7 @@ from oominfer.model.folder import spec_from_folder
 from oominfer.planning.constraints import Constraints
 from oominfer.rules.installed import engine_version
 from oominfer.runtime.status import ProbeStatus
-from oominfer.settings import VllmSettings
+from oominfer.settings import EngineSettings
 from oominfer.verify.fit import fit
 from oominfer.verify.prober import EngineProber
 
@@ -71,7 +71,7 @@ def run_manual(folder: Path, kv: int, trained: int, work: Path) -> tuple[Outcome
     prober = EngineProber(workdir=work / "manual")
     start, length, truth = time.monotonic(), trained, trained
     while length >= 128:
-        settings = VllmSettings(max_model_len=length, kv_cache_memory_bytes=kv, dtype="bfloat16")
+        settings = EngineSettings(max_model_len=length, kv_cache_memory_bytes=kv, dtype="bfloat16")
         probe = prober(str(folder), settings, engine="vllm", device="cpu")
         if probe.status is ProbeStatus.READY:
             return Outcome(prober.launches, time.monotonic() - start, length), truth
@@ -84,7 +84,7 @@ def run_manual(folder: Path, kv: int, trained: int, work: Path) -> tuple[Outcome
 def run_auto(folder: Path, kv: int, work: Path) -> Outcome:
     prober = EngineProber(workdir=work / "auto", extra_args=("--max-model-len", "auto"))
     start = time.monotonic()
-    settings = VllmSettings(kv_cache_memory_bytes=kv, dtype="bfloat16")
+    settings = EngineSettings(kv_cache_memory_bytes=kv, dtype="bfloat16")
     probe = prober(str(folder), settings, engine="vllm", device="cpu")
     text = probe.log_path.read_text(errors="replace")
     m = re.search(r"Auto-fit max_model_len: reduced from \d+ to (\d+)", text) or re.search(

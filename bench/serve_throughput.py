@@ -33,7 +33,7 @@ import httpx
 from oominfer.engines.vllm import serve_argv
 from oominfer.planning.document import Plan
 from oominfer.runtime.process import free_port
-from oominfer.settings import VllmSettings
+from oominfer.settings import EngineSettings
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -70,8 +70,8 @@ def transformers_argv(model: Path, port: int, load: Load) -> list[str]:
     ]  # fmt: skip
 
 
-def _vllm_settings(load: Load) -> VllmSettings:
-    return VllmSettings(
+def _vllm_settings(load: Load) -> EngineSettings:
+    return EngineSettings(
         dtype="bfloat16", max_model_len=load.max_model_len, max_num_seqs=load.max_num_seqs,
         kv_cache_memory_bytes=256 * 1024**2,
     )  # fmt: skip

@@ -20,16 +20,16 @@ from oominfer.memory.breakdown import MemoryBreakdown
 from oominfer.model.spec import ModelSpec
 from oominfer.planning.constraints import Constraints
 from oominfer.planning.document import Plan
-from oominfer.settings import VllmSettings
+from oominfer.settings import EngineSettings
 
 __all__ = [
     "Constraints",
+    "EngineSettings",
     "FitListener",
     "Hardware",
     "MemoryBreakdown",
     "ModelSpec",
     "Plan",
-    "VllmSettings",
     "__version__",
     "can_verify",
     "estimate",

@@ -26,7 +26,7 @@ from oominfer.engines.vllm import serve_argv
 from oominfer.runtime.environment import engine_env
 from oominfer.runtime.load_test import healthy
 from oominfer.runtime.process import free_port, start_engine, stop
-from oominfer.settings import VllmSettings
+from oominfer.settings import EngineSettings
 
 __all__ = ["EngineRun", "VllmServer", "free_port", "leftovers", "run_vllm", "wait_until_gone"]
 
@@ -121,7 +121,7 @@ class VllmServer:
         self.log_path = Path(log_path)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        settings = VllmSettings(
+        settings = EngineSettings(
             dtype="bfloat16", max_model_len=max_model_len, enforce_eager=enforce_eager,
             kv_cache_memory_bytes=kv_cache_memory_bytes,
         )  # fmt: skip

@@ -21,7 +21,7 @@ from oominfer.engines.command import engine_argv
 from oominfer.runtime import amx, environment
 from oominfer.runtime.amx import Amx, amx_status, probe
 from oominfer.runtime.environment import engine_env
-from oominfer.settings import VllmSettings
+from oominfer.settings import EngineSettings
 
 FLAGS = "fpu sse avx512f avx512_bf16 avx512_vnni"
 AMX_CPUINFO = f"processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Platinum 8481C\nflags\t\t: {FLAGS} amx_bf16 amx_tile amx_int8\n"  # noqa: E501
@@ -108,7 +108,7 @@ def test_where_amx_traps_the_engine_starts_without_it(
     monkeypatch: pytest.MonkeyPatch, _own_cache: Path
 ) -> None:
     simulate(monkeypatch, SIGILL)
-    built = engine_env(VllmSettings(), device="cpu", engine="vllm")
+    built = engine_env(EngineSettings(), device="cpu", engine="vllm")
     assert built.note.startswith("This CPU advertises AMX but traps it (SIGILL)")
     assert built.env["ONEDNN_MAX_CPU_ISA"] == "AVX512_CORE_BF16"
     site = Path(built.env["PYTHONPATH"].split(os.pathsep)[0])
@@ -130,12 +130,12 @@ def test_where_amx_traps_the_engine_starts_without_it(
 
 def test_where_amx_works_the_engine_asks_for_its_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
     simulate(monkeypatch, EXITS_0)
-    built = engine_env(VllmSettings(enforce_eager=True), device="cpu", engine="vllm")
+    built = engine_env(EngineSettings(enforce_eager=True), device="cpu", engine="vllm")
     assert built.note == "" and "ONEDNN_MAX_CPU_ISA" not in built.env
     site = Path(built.env["PYTHONPATH"].split(os.pathsep)[0])
     assert "torch.cpu._init_amx()" in (site / "sitecustomize.py").read_text()
     # The same folder every time: written once, reused.
-    again = engine_env(VllmSettings(), device="cpu", engine="transformers")
+    again = engine_env(EngineSettings(), device="cpu", engine="transformers")
     assert again.env["PYTHONPATH"].split(os.pathsep)[0] == str(site)
 
 
@@ -144,9 +144,9 @@ def test_without_amx_or_off_the_cpu_the_environment_is_left_alone(
 ) -> None:
     monkeypatch.setenv("PYTHONPATH", "/somewhere")
     simulate(monkeypatch, SIGILL)
-    assert engine_env(VllmSettings(), device="cuda").env["PYTHONPATH"] == "/somewhere"
+    assert engine_env(EngineSettings(), device="cuda").env["PYTHONPATH"] == "/somewhere"
     monkeypatch.setattr(environment, "amx_status", lambda: amx_status(cpuinfo=PLAIN_CPUINFO))
-    built = engine_env(VllmSettings(), device="cpu")
+    built = engine_env(EngineSettings(), device="cpu")
     assert built.env["PYTHONPATH"] == "/somewhere" and built.note == ""
 
 
@@ -154,7 +154,7 @@ def test_without_amx_or_off_the_cpu_the_environment_is_left_alone(
     ("engine", "variable"), [("vllm", "VLLM_API_KEY"), ("transformers", "OOMINFER_API_KEY")]
 )
 def test_the_api_key_goes_through_the_environment(engine: str, variable: str) -> None:
-    settings = VllmSettings(kv_cache_memory_bytes=2**26)
+    settings = EngineSettings(kv_cache_memory_bytes=2**26)
     built = engine_env(settings, device="cuda", engine=engine, api_key="sk-secret")  # type: ignore[arg-type]
     assert built.env[variable] == "sk-secret"
     assert "VLLM_CPU_KVCACHE_SPACE" not in built.env  # the flag pins the KV size

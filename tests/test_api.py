@@ -24,7 +24,7 @@ from oominfer.hardware import nvml
 from oominfer.hardware.gpu import find_gpu
 from oominfer.memory.estimate import estimate as estimate_breakdown
 from oominfer.runtime.status import LogFacts, ProbeStatus
-from oominfer.settings import VllmSettings
+from oominfer.settings import EngineSettings
 from oominfer.verify import prober as prober_module
 from oominfer.verify.prober import ProbeResult
 
@@ -52,7 +52,7 @@ def test_estimate_without_settings_is_vllms_defaults() -> None:
     model = oominfer.load_model(LLAMA_8B)
     l4 = oominfer.Hardware.from_gpu("L4")
     got = oominfer.estimate(model, l4)
-    assert got == estimate_breakdown(model, hardware=l4, settings=VllmSettings())
+    assert got == estimate_breakdown(model, hardware=l4, settings=EngineSettings())
     assert not got.fits  # 131,072 tokens of bf16 KV do not fit next to 15 GiB of weights
     assert oominfer.estimate(LLAMA_8B, l4) == got  # a name is loaded first
 
@@ -60,7 +60,7 @@ def test_estimate_without_settings_is_vllms_defaults() -> None:
 def test_estimate_rejects_an_impossible_layout() -> None:
     with pytest.raises(InvalidSettingError, match="--gpus"):
         oominfer.estimate(
-            LLAMA_8B, oominfer.Hardware.from_gpu("L4"), VllmSettings(tensor_parallel_size=2)
+            LLAMA_8B, oominfer.Hardware.from_gpu("L4"), EngineSettings(tensor_parallel_size=2)
         )
 
 
@@ -106,7 +106,7 @@ class _ReadyProber:
     def __init__(self, **kwargs: Any) -> None:
         self.kwargs = kwargs
 
-    def __call__(self, model: str, settings: VllmSettings, **kw: Any) -> ProbeResult:
+    def __call__(self, model: str, settings: EngineSettings, **kw: Any) -> ProbeResult:
         _ReadyProber.launched.append((model, settings, kw))
         return ProbeResult(
             status=ProbeStatus.READY,

@@ -13,14 +13,14 @@ from oominfer.model.load import load_spec
 from oominfer.planning.constraints import Constraints
 from oominfer.planning.planner import plan
 from oominfer.runtime.status import LogFacts, ProbeStatus
-from oominfer.settings import VllmSettings
+from oominfer.settings import EngineSettings
 from oominfer.verify.correct import correct
 from oominfer.verify.prober import ProbeResult
 
 QWEN = "Qwen/Qwen3-0.6B"
 
 
-def outcome(detail: str, settings: VllmSettings) -> ProbeResult:
+def outcome(detail: str, settings: EngineSettings) -> ProbeResult:
     return ProbeResult(
         status=ProbeStatus.INSUFFICIENT_FREE_MEMORY,
         settings=settings,

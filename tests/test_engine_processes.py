@@ -22,10 +22,10 @@ from engine_util import MARK_VARIABLE, leftovers, wait_until_gone
 
 from oominfer.runtime.process import group_pids, start_engine, stop
 from oominfer.runtime.status import ProbeStatus
-from oominfer.settings import VllmSettings
+from oominfer.settings import EngineSettings
 from oominfer.verify.prober import EngineProber, ProbeResult
 
-SETTINGS = VllmSettings(max_model_len=512, max_num_seqs=4)
+SETTINGS = EngineSettings(max_model_len=512, max_num_seqs=4)
 
 
 @pytest.fixture
@@ -156,7 +156,7 @@ def test_an_engine_that_exits_takes_its_children_with_it(tmp_path: Path, mark: s
 DRIVER = """
 import sys
 from pathlib import Path
-from oominfer.settings import VllmSettings
+from oominfer.settings import EngineSettings
 from oominfer.runtime.process import interrupts_kill_engines
 from oominfer.verify.prober import EngineProber
 
@@ -164,7 +164,7 @@ prober = EngineProber(workdir=Path(sys.argv[2]), python=sys.argv[1], deadline_se
                       stop_grace_seconds=1.0)
 try:
     with interrupts_kill_engines():
-        prober("/models/fake", VllmSettings(max_model_len=512), engine="vllm", device="cpu")
+        prober("/models/fake", EngineSettings(max_model_len=512), engine="vllm", device="cpu")
 except KeyboardInterrupt:
     sys.exit(130)
 """

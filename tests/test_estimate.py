@@ -19,7 +19,7 @@ from oominfer.memory.weights import weights_bytes
 from oominfer.model.catalog import catalog_entry
 from oominfer.model.config import spec_from_config
 from oominfer.model.spec import ModelSpec
-from oominfer.settings import Device, VllmSettings
+from oominfer.settings import Device, EngineSettings
 
 L4 = find_gpu("L4")
 H200 = find_gpu("H200")
@@ -41,7 +41,7 @@ def run(
     return estimate(
         model,
         hardware=Hardware(gpu=gpu, count=gpus, device=device),
-        settings=VllmSettings(**settings),
+        settings=EngineSettings(**settings),
     )
 
 
@@ -227,7 +227,7 @@ def test_quantized_weights_lower_than_bf16(model_id: str, max_bytes_per_param: f
     assert q_bytes / quantized.params.total < max_bytes_per_param
     engine = "transformers" if quantized.quantization.method == "bitsandbytes" else "vllm"
     hardware = Hardware(gpu=H200, count=8)
-    settings = VllmSettings(tensor_parallel_size=4, max_model_len=4096)
+    settings = EngineSettings(tensor_parallel_size=4, max_model_len=4096)
     b = estimate(quantized, hardware=hardware, settings=settings, engine=engine)
     plain_b = estimate(plain, hardware=hardware, settings=settings, engine=engine)
     assert b.weights_bytes < plain_b.weights_bytes
@@ -369,11 +369,11 @@ def test_invalid_settings(gpu: GpuSpec, gpus: int, settings: dict[str, Any], mes
 )
 def test_invalid_vllm_settings(settings: dict[str, Any]) -> None:
     with pytest.raises(InvalidSettingError):
-        VllmSettings(**settings)
+        EngineSettings(**settings)
 
 
 def test_gpu_memory_utilization_one_is_allowed() -> None:
-    assert VllmSettings(gpu_memory_utilization=1.0).gpu_memory_utilization == 1.0
+    assert EngineSettings(gpu_memory_utilization=1.0).gpu_memory_utilization == 1.0
 
 
 def test_hardware_needs_a_gpu() -> None:
@@ -406,7 +406,7 @@ def test_transformers_engine_returns_a_breakdown() -> None:
     b = estimate(
         LLAMA_8B,
         hardware=Hardware(gpu=L4),
-        settings=VllmSettings(max_model_len=8192),
+        settings=EngineSettings(max_model_len=8192),
         engine="transformers",
     )
     assert isinstance(b, MemoryBreakdown)

@@ -17,7 +17,7 @@ from oominfer.model.load import load_spec
 from oominfer.planning.constraints import Constraints
 from oominfer.planning.document import SCHEMA_VERSION, plan_from_dict, plan_from_json
 from oominfer.runtime.status import LogFacts, ProbeStatus
-from oominfer.settings import VllmSettings
+from oominfer.settings import EngineSettings
 from oominfer.verify.cache import cache_dir, cache_key
 from oominfer.verify.fit import FitResult, fit
 from oominfer.verify.prober import ProbeResult
@@ -40,12 +40,12 @@ class FakeProber:
 
     def __init__(self, *outcomes: ProbeStatus | tuple[ProbeStatus, dict[str, Any]]) -> None:
         self.script = list(outcomes)
-        self.calls: list[VllmSettings] = []
+        self.calls: list[EngineSettings] = []
         self.kwargs: list[dict[str, Any]] = []
         self.log_dir = Path("/nonexistent/oominfer-fake")
 
     def __call__(
-        self, model: str, settings: VllmSettings, *, engine: str, device: str
+        self, model: str, settings: EngineSettings, *, engine: str, device: str
     ) -> ProbeResult:
         self.calls.append(settings)
         self.kwargs.append({"model": model, "engine": engine, "device": device})

@@ -25,12 +25,12 @@ from oominfer import k8s
 from oominfer.base.errors import ExitStatus, InvalidSettingError, PlanError
 from oominfer.base.units import GiB
 from oominfer.cli.k8s import k8s_command
-from oominfer.engines.vllm import to_vllm_args
+from oominfer.settings import engine_args as to_vllm_args
 from oominfer.k8s.options import K8sOptions
 from oominfer.k8s.sizing import Topology
 from oominfer.planning.document import Plan, Prediction, Verification, plan_to_dict
 from oominfer.rules.versions import LATEST_VLLM
-from oominfer.settings import VllmSettings
+from oominfer.settings import EngineSettings
 
 REPO = Path(__file__).resolve().parent.parent
 DEPLOY = REPO / "deploy" / "k8s"
@@ -58,7 +58,7 @@ def make_plan(
         model_id=model_id,
         gpu={"name": "H100-SXM-80GB", "count": tp * pp, "product_label": product_label},
         engine_version="0.32.0",
-        settings=VllmSettings(tensor_parallel_size=tp, pipeline_parallel_size=pp, **settings),
+        settings=EngineSettings(tensor_parallel_size=tp, pipeline_parallel_size=pp, **settings),
         predicted=Prediction(weights_bytes=weights_per_gpu),
         verification=verification,
     )
@@ -95,9 +95,11 @@ def server(docs: list[dict[str, Any]]) -> dict[str, Any]:
     return container
 
 
-def vllm_flags(container: dict[str, Any]) -> list[str]:
-    argv = [*container["command"], *container["args"]]
-    return argv[argv.index("--") + 1 :]
+def engine_flags(docs: list[dict[str, Any]]) -> list[str]:
+    """The engine flags the pods show (their annotation, rendered from the plan)."""
+    workload = next(d for d in docs if d["kind"] in ("Deployment", "LeaderWorkerSet"))
+    annotations = pod_templates(workload)[0]["metadata"]["annotations"]
+    return shlex.split(annotations["oominfer.dev/engine-args"])
 
 
 # --- schema validation ---------------------------------------------------------------------
@@ -341,12 +343,14 @@ def test_no_generated_manifest_uses_latest() -> None:
     ],
     ids=["default", "tp2", "lws", "knobs"],
 )
-def test_the_container_runs_oominfer_serve_with_the_plans_vllm_flags(plan: Plan) -> None:
+def test_the_container_serves_the_mounted_plan_and_shows_its_flags(plan: Plan) -> None:
+    """The engine's flags come from the plan (no argv rendered, parsed and rendered again);
+    the pod shows them in an annotation."""
     docs = k8s.render(plan, K8sOptions())
     container = server(docs)
     assert container["command"][-3:] == ["oominfer", "serve", "/etc/oominfer/plan.json"]
-    assert container["args"][:4] == ["--host", "0.0.0.0", "--port", "8000"]
-    assert vllm_flags(container) == to_vllm_args(plan.settings)
+    assert container["args"] == ["--host", "0.0.0.0", "--port", "8000"]
+    assert engine_flags(docs) == to_vllm_args(plan.settings)
     assert all(isinstance(token, str) for token in container["args"])
     plan_json = kind(docs, "ConfigMap")["data"]["plan.json"]
     assert plan_json == plan.to_json()
@@ -359,7 +363,7 @@ def test_committed_containers_match_their_plans() -> None:
     for folder in [DEPLOY / "base", *sorted((DEPLOY / "examples").iterdir())]:
         plan = plan_from_json((folder / "plan.json").read_text())
         docs = [d for _, d in committed_docs() if _.startswith(str(folder.relative_to(REPO)))]
-        assert vllm_flags(server(docs)) == to_vllm_args(plan.settings), folder
+        assert engine_flags(docs) == to_vllm_args(plan.settings), folder
         assert kind(docs, "ConfigMap")["data"]["plan.json"] == plan.to_json()
 
 

@@ -377,7 +377,7 @@ def test_impossible_constraints(kwargs: dict[str, object]) -> None:
 def test_a_replica_across_nodes_runs_on_ray() -> None:
     """vllm/config/parallel.py: a world size larger than the GPUs the node shows needs the
     Ray executor; inside a node vLLM's default (multiprocessing) is kept."""
-    from oominfer.engines.vllm import to_vllm_args
+    from oominfer.settings import engine_args as to_vllm_args
 
     across = plan(spec("deepseek-ai/DeepSeek-R1"), hw("H100", 16), Constraints())
     assert across.settings.world_size == 16
@@ -390,7 +390,7 @@ def test_a_replica_across_nodes_runs_on_ray() -> None:
 
 
 def test_a_prefill_chunk_below_max_num_seqs_is_refused() -> None:
-    from oominfer.settings import VllmSettings
+    from oominfer.settings import EngineSettings
 
     with pytest.raises(InvalidSettingError, match="--max-num-batched-tokens 64"):
-        VllmSettings(max_num_seqs=128, max_num_batched_tokens=64)
+        EngineSettings(max_num_seqs=128, max_num_batched_tokens=64)

@@ -69,9 +69,9 @@ def test_catalog_lookup_imports_no_hub(tmp_path: Path) -> None:
         "from oominfer.model.load import load_spec\n"
         "from oominfer.memory.estimate import estimate, Hardware\n"
         "from oominfer.hardware.gpu import find_gpu\n"
-        "from oominfer.settings import VllmSettings\n"
+        "from oominfer.settings import EngineSettings\n"
         "spec = load_spec('meta-llama/Llama-3.1-8B-Instruct')\n"
-        "estimate(spec, hardware=Hardware(gpu=find_gpu('L4')), settings=VllmSettings())\n"
+        "estimate(spec, hardware=Hardware(gpu=find_gpu('L4')), settings=EngineSettings())\n"
     )
     assert loaded_after(code, tmp_path) == []
 

@@ -21,7 +21,7 @@ from oominfer.hardware.hardware import Hardware
 from oominfer.planning.constraints import Constraints
 from oominfer.rules import installed
 from oominfer.serving.run import server_argv
-from oominfer.settings import VllmSettings
+from oominfer.settings import EngineSettings
 from oominfer.verify import prober as prober_module
 from oominfer.verify.cache import cache_key
 
@@ -44,11 +44,11 @@ def cached_repo(offline_hub: Path) -> str:  # noqa: F811
 @pytest.mark.parametrize("engine", ["vllm", "transformers"])
 def test_the_engine_is_told_the_revision(engine: Any) -> None:
     argv = engine_argv(
-        "acme/tiny", VllmSettings(), engine=engine, port=8000, python="py", revision="v1"
+        "acme/tiny", EngineSettings(), engine=engine, port=8000, python="py", revision="v1"
     )
     assert argv[argv.index("--revision") + 1] == "v1"
     assert argv[argv.index("--model") + 1] == "acme/tiny"
-    plain = engine_argv("acme/tiny", VllmSettings(), engine=engine, port=8000, python="py")
+    plain = engine_argv("acme/tiny", EngineSettings(), engine=engine, port=8000, python="py")
     assert "--revision" not in plain
 
 

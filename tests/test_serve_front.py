@@ -28,18 +28,18 @@ from oominfer.base.errors import InvalidSettingError
 from oominfer.planning.document import Plan
 from oominfer.runtime.process import free_port
 from oominfer.serving.run import ServeExit, run
-from oominfer.settings import VllmSettings
+from oominfer.settings import EngineSettings
 
 DRIVER = """
 import os, sys
 from pathlib import Path
 from oominfer.planning.document import Plan
 from oominfer.serving.run import run
-from oominfer.settings import VllmSettings
+from oominfer.settings import EngineSettings
 
 port, grace, engine, python = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3], sys.argv[4]
 plan = Plan(model_id="/models/fake", engine=engine, device="cpu",
-            settings=VllmSettings(max_model_len=512))
+            settings=EngineSettings(max_model_len=512))
 code = run(plan, port=port, grace_period=grace, python=python,
            api_key=os.environ.get("TEST_API_KEY") or None,
            on_failure=lambda why: print("FAILURE:", why, flush=True))
@@ -308,7 +308,7 @@ def test_a_taken_port_fails_before_any_engine_starts(
 ) -> None:
     mark = f"fake-{uuid.uuid4().hex[:10]}"
     monkeypatch.setenv(MARK_VARIABLE, mark)
-    plan = Plan(model_id="/models/fake", device="cpu", settings=VllmSettings())
+    plan = Plan(model_id="/models/fake", device="cpu", settings=EngineSettings())
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()

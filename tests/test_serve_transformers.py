@@ -23,7 +23,7 @@ from engine_util import MARK_VARIABLE, leftovers, wait_until_gone
 
 from oominfer.planning.document import Plan
 from oominfer.runtime.process import free_port
-from oominfer.settings import VllmSettings
+from oominfer.settings import EngineSettings
 
 pytestmark = pytest.mark.slow
 
@@ -33,7 +33,7 @@ KEY = f"sk-{uuid.uuid4().hex}"
 @pytest.fixture
 def serve(tiny_llama: Path, tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str, str]]:
     """`oominfer serve plan.json --grace-period 2` with $OOMINFER_API_KEY: (process, URL, mark)."""
-    settings = VllmSettings(dtype="float32", max_model_len=8192, max_num_seqs=4)
+    settings = EngineSettings(dtype="float32", max_model_len=8192, max_num_seqs=4)
     plan = Plan(model_id=str(tiny_llama), engine="transformers", device="cpu", settings=settings)
     path = tmp_path / "plan.json"
     path.write_text(plan.to_json())

@@ -7,13 +7,13 @@ import sys
 import pytest
 
 from oominfer.base.errors import ExitStatus, InvalidSettingError
-from oominfer.engines.vllm import to_vllm_args
+from oominfer.settings import engine_args as to_vllm_args
 from oominfer.planning.document import Plan, Prediction
 from oominfer.serving.extra import merge_extra
 from oominfer.serving.run import ENGINE_STOP_S, explain_failure, server_argv
-from oominfer.settings import VllmSettings
+from oominfer.settings import EngineSettings
 
-SETTINGS = VllmSettings(dtype="bfloat16", max_model_len=8192, max_num_seqs=16)
+SETTINGS = EngineSettings(dtype="bfloat16", max_model_len=8192, max_num_seqs=16)
 PLAN = Plan(
     model_id="meta-llama/Llama-3.1-8B-Instruct",
     settings=SETTINGS,

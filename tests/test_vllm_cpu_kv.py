@@ -16,7 +16,7 @@ from oominfer.hardware.hardware import Hardware
 from oominfer.memory.breakdown import MemoryBreakdown
 from oominfer.memory.estimate import estimate
 from oominfer.model.folder import spec_from_folder
-from oominfer.settings import VllmSettings
+from oominfer.settings import EngineSettings
 
 pytestmark = pytest.mark.slow
 
@@ -28,7 +28,7 @@ def _estimate(model_dir: Path, max_model_len: int) -> MemoryBreakdown:
     return estimate(
         spec,
         hardware=Hardware.cpu(8 * GiB),
-        settings=VllmSettings(
+        settings=EngineSettings(
             kv_cache_memory_bytes=KV_GIB * GiB, max_model_len=max_model_len, dtype="bfloat16"
         ),
     )

@@ -13,7 +13,7 @@ import pytest
 import oominfer
 from oominfer.base.errors import InvalidSettingError
 from oominfer.base.units import GiB, parse_size
-from oominfer.engines.vllm import to_vllm_args
+from oominfer.settings import engine_args as to_vllm_args
 from oominfer.hardware.gpu import find_gpu
 from oominfer.hardware.hardware import Hardware
 from oominfer.memory.estimate import estimate
@@ -24,7 +24,7 @@ from oominfer.model.spec import ModelSpec
 from oominfer.planning.constraints import Constraints
 from oominfer.rules import attention, dtypes, kv_cache, parallel, quantization
 from oominfer.rules.versions import CURRENT_VLLM, LATEST_VLLM, EngineVersion
-from oominfer.settings import VllmSettings
+from oominfer.settings import EngineSettings
 
 LLAMA_8B = "meta-llama/Llama-3.1-8B-Instruct"
 
@@ -56,7 +56,9 @@ def test_tensor_parallel_must_divide_the_kv_heads_or_be_divided_by_them() -> Non
     assert parallel.tensor_parallel_refusal(qwen, 7) is not None
     with pytest.raises(InvalidSettingError, match="4 KV heads"):
         estimate(
-            qwen, hardware=Hardware.from_gpu("L4", 8), settings=VllmSettings(tensor_parallel_size=7)
+            qwen,
+            hardware=Hardware.from_gpu("L4", 8),
+            settings=EngineSettings(tensor_parallel_size=7),
         )
     # KV heads fewer than the ranks are replicated: 8 KV heads at TP 16 is fine
     assert parallel.tensor_parallel_refusal(load_spec(LLAMA_8B), 16) is None
@@ -84,7 +86,7 @@ def test_gemma_refuses_float16_and_runs_float32_below_8_0(model: str) -> None:
     assert dtypes.compute_dtype(spec, find_gpu("A10G"), "auto") == "bfloat16"
     with pytest.raises(InvalidSettingError, match="refuses float16"):
         dtypes.compute_dtype(spec, find_gpu("H100"), "float16")
-    b = estimate(spec, hardware=Hardware(gpu=t4), settings=VllmSettings(max_model_len=4096))
+    b = estimate(spec, hardware=Hardware(gpu=t4), settings=EngineSettings(max_model_len=4096))
     assert b.dtype == "float32"
 
 
@@ -152,7 +154,7 @@ def test_bitsandbytes_is_no_vllm_method_so_the_plan_goes_to_transformers() -> No
     assert plan.levers[2].name == "engine"
     with pytest.raises(InvalidSettingError) as refused:
         oominfer.estimate(
-            LLAMA_8B, Hardware.from_gpu("L4"), VllmSettings(quantization="bitsandbytes")
+            LLAMA_8B, Hardware.from_gpu("L4"), EngineSettings(quantization="bitsandbytes")
         )
     assert refused.value.hint is not None and "--engine transformers" in refused.value.hint
     # releases before 0.32 had the loader: old logs replay with it
@@ -271,7 +273,7 @@ def test_sizes_read_as_vllm_reads_them() -> None:
 
 def test_max_num_batched_tokens_must_hold_a_token_of_every_sequence() -> None:
     with pytest.raises(InvalidSettingError, match="--max-num-seqs 256"):
-        VllmSettings(max_num_seqs=256, max_num_batched_tokens=128)
+        EngineSettings(max_num_seqs=256, max_num_batched_tokens=128)
 
 
 def test_a_fixed_kv_cache_larger_than_the_gpu_does_not_fit() -> None:
@@ -280,7 +282,7 @@ def test_a_fixed_kv_cache_larger_than_the_gpu_does_not_fit() -> None:
     b = estimate(
         load_spec(LLAMA_8B),
         hardware=Hardware.from_gpu("L4"),
-        settings=VllmSettings(max_model_len=4096, kv_cache_memory_bytes=20 * GiB),
+        settings=EngineSettings(max_model_len=4096, kv_cache_memory_bytes=20 * GiB),
     )
     assert not b.fits and b.overcommitted_bytes > 0
 
@@ -290,7 +292,7 @@ def test_a_fixed_kv_cache_larger_than_the_gpu_does_not_fit() -> None:
 
 def test_0_33_profiles_an_fp32_sampler_pass() -> None:
     spec, hw = load_spec(LLAMA_8B), Hardware.from_gpu("L4")
-    settings = VllmSettings(max_model_len=8192)
+    settings = EngineSettings(max_model_len=8192)
     old = estimate(spec, hardware=hw, settings=settings, version=CURRENT_VLLM)
     new = estimate(spec, hardware=hw, settings=settings, version=LATEST_VLLM)
     rows = min(old.max_num_batched_tokens, old.max_num_seqs)
@@ -311,7 +313,7 @@ def test_0_33_reserves_the_triton_mla_workspace_inside_profiling() -> None:
     )
     # 256 seqs x 16 heads x min(512, 2 x 108 SMs) splits x (512 + 1) x 4 bytes
     assert workspace == 256 * 16 * 216 * 513 * 4
-    settings = VllmSettings(max_model_len=32768)
+    settings = EngineSettings(max_model_len=32768)
     hw = Hardware(gpu=a100)
     grew = (
         estimate(lite, hardware=hw, settings=settings, version=LATEST_VLLM).activation_bytes

@@ -35,7 +35,7 @@ from oominfer.planning.document import Plan
 from oominfer.planning.planner import plan as _plan
 from oominfer.planning.record import make_plan
 from oominfer.rules.versions import LATEST_VLLM, EngineVersion
-from oominfer.settings import Engine, VllmSettings
+from oominfer.settings import Engine, EngineSettings
 
 ModelLike = ModelSpec | str
 """A ModelSpec, or what ``load_model`` takes: a folder, a Hub id or a catalog name."""
@@ -76,7 +76,7 @@ def _model(model: ModelLike) -> ModelSpec:
 def estimate(
     model: ModelLike,
     hardware: Hardware,
-    settings: VllmSettings | None = None,
+    settings: EngineSettings | None = None,
     *,
     engine: Engine = "vllm",
     engine_version: str | None = None,
@@ -96,7 +96,7 @@ def estimate(
     """
     version = EngineVersion.parse(engine_version or default_engine_version())
     spec = _model(model)
-    settings = settings or VllmSettings()
+    settings = settings or EngineSettings()
     spec.check_context(settings.max_model_len)
     return _estimate(
         spec,
@@ -143,7 +143,7 @@ def _within_free(
     if free is None or constraints.gpu_memory_utilization is not None:
         return constraints
     usable = round(free / hardware.gpu.cuda_total_bytes - 0.01, 2)
-    if usable >= VllmSettings().gpu_memory_utilization:
+    if usable >= EngineSettings().gpu_memory_utilization:
         return constraints
     if note:
         note(

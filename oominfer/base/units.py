@@ -75,3 +75,36 @@ def format_bytes(n: float) -> str:
         if n >= size:
             return f"{sign}{n / size:.2f} {unit}"
     return f"{sign}{int(n)} B"
+
+
+_HUMAN_INT_RE = re.compile(r"(\d+(?:\.\d+)?)([kKmMgGtT])")
+_DECIMAL_LETTERS: Final = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+_BINARY_LETTERS: Final = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def human_readable_int(text: str) -> int:
+    """A count as vLLM reads it (vllm/utils/argparse_utils.py ``human_readable_int``): a
+    lower-case letter is decimal (``32k`` = 32,000, ``25.6k`` = 25,600), an upper-case one
+    binary (``32K`` = 32,768, ``1M`` = 1,048,576, no decimals), else a plain integer.
+
+    Raises:
+        InvalidSettingError: not such a count.
+    """
+    value = text.strip()
+    match = _HUMAN_INT_RE.fullmatch(value)
+    if match:
+        number, suffix = match.groups()
+        if suffix in _DECIMAL_LETTERS:
+            return int(float(number) * _DECIMAL_LETTERS[suffix])
+        if "." in number:
+            raise InvalidSettingError(
+                f"vLLM refuses a decimal with the binary suffix {suffix} ({text!r}).",
+                hint=f"Did you mean {number}{suffix.lower()}?",
+            )
+        return int(number) * _BINARY_LETTERS[suffix]
+    try:
+        return int(value)
+    except ValueError:
+        raise InvalidSettingError(
+            f"{text!r} is not a count: write 8192, 32k (32,000) or 32K (32,768)."
+        ) from None

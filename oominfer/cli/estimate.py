@@ -22,10 +22,10 @@ from oominfer.cli.options import (
 from oominfer.hardware.hardware import Hardware
 from oominfer.model.spec import ModelSpec
 from oominfer.rules.parallel import tensor_parallel_refusal
-from oominfer.settings import Engine, VllmSettings
+from oominfer.settings import Engine, EngineSettings
 
 
-def parallel_note(spec: ModelSpec, hardware: Hardware, settings: VllmSettings) -> str | None:
+def parallel_note(spec: ModelSpec, hardware: Hardware, settings: EngineSettings) -> str | None:
     """A note when --gpus asks for more GPUs than the parallel flags use."""
     n = hardware.count
     if hardware.is_cpu or n <= settings.world_size:
@@ -129,8 +129,8 @@ def estimate(model: str, revision: str | None, as_json: bool, **opts: Any) -> No
 
 
 def _auto_fit(
-    spec: ModelSpec, hardware: Hardware, settings: VllmSettings, engine: Engine, release: str
-) -> VllmSettings:
+    spec: ModelSpec, hardware: Hardware, settings: EngineSettings, engine: Engine, release: str
+) -> EngineSettings:
     """``--max-model-len auto``: the longest context that fits, found as vLLM's auto-fit
     finds it (v1/core/kv_cache_utils.py _auto_fit_max_model_len); the trained length when
     nothing fits (the estimate then says by how much)."""

@@ -13,21 +13,12 @@ from typing import Any, Final, TypeVar, get_args
 import click
 
 from oominfer.base.errors import InvalidSettingError
-from oominfer.base.units import parse_size
+from oominfer.base.units import human_readable_int, parse_size
 from oominfer.hardware.hardware import Hardware
 from oominfer.planning.constraints import PRACTICAL_CONTEXT, Constraints, Prefer
-from oominfer.settings import (
-    DEVICES,
-    ENGINES,
-    Device,
-    Dtype,
-    KvCacheDtype,
-    Quantization,
-    VllmSettings,
-)
+from oominfer.settings import DECLARED, DEVICES, ENGINES, Declared, Device, EngineSettings
 
 F = TypeVar("F", bound=Callable[..., Any])
-DEFAULTS = VllmSettings()
 DEFAULT_CONSTRAINTS = Constraints()
 POSITIVE = click.IntRange(min=1)
 
@@ -50,54 +41,86 @@ ENGINE = click.option(
     "--engine", type=click.Choice(ENGINES), default="vllm", show_default=True,
     help="vllm, or oominfer's transformers server (int8/nf4, CPUs, what vLLM cannot run).",
 )  # fmt: skip
-DTYPE = click.option(
-    "--dtype", type=click.Choice(get_args(Dtype)), default=DEFAULTS.dtype, show_default=True,
-    help="auto: the checkpoint's 16-bit dtype the GPU can run.",
-)  # fmt: skip
-AUTO: Final = -1
-"""``--max-model-len auto`` (vLLM's spelling, also ``-1``): the longest context that fits."""
-
-
-class ContextLength(click.ParamType[int]):
-    """A positive number of tokens, or ``auto`` / ``-1`` as vLLM accepts them
-    (vllm/utils/argparse_utils.py human_readable_int_or_auto)."""
-
-    name = "TOKENS|auto"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
-        """The tokens, or AUTO."""
-        if isinstance(value, int):
-            return value
-        text = str(value).strip().lower()
-        if text in ("auto", "-1"):
-            return AUTO
-        try:
-            tokens = int(text)
-        except ValueError:
-            self.fail(f"{value!r} is not a number of tokens or 'auto'.", param, ctx)
-        if tokens < 1:
-            self.fail(f"{tokens} is not a positive number of tokens.", param, ctx)
-        return tokens
-
-
-MAX_MODEL_LEN = click.option(
-    "--max-model-len", type=ContextLength(),
-    help="Context (prompt + output) per request, or auto. estimate: the setting (default: "
-    "from config.json; auto: the longest that fits); fit: a cap on the context (auto: none).",
-)  # fmt: skip
-GPU_MEMORY_UTILIZATION = click.option(
-    "--gpu-memory-utilization", type=click.FloatRange(0, 1, min_open=True),
-    help=f"Fraction of the GPU vLLM may use (default: vLLM's {DEFAULTS.gpu_memory_utilization}).",
-)  # fmt: skip
 ENGINE_VERSION = click.option(
     "--engine-version", metavar="X.Y",
     help="The vLLM release to plan for: its memory profile and rules (default: the "
     "installed vLLM, else the latest release).",
 )  # fmt: skip
-KV_CACHE_MEMORY_BYTES = click.option(
-    "--kv-cache-memory-bytes", metavar="SIZE",
-    help="Fix the KV-cache size instead of deriving it (e.g. 4GiB).",
-)  # fmt: skip
+AUTO: Final = -1
+"""``--max-model-len auto`` (vLLM's spelling, also ``-1``): the longest context that fits."""
+
+
+class Tokens(click.ParamType[int]):
+    """A positive number of tokens in vLLM's forms (``8192``, ``32k`` = 32,000, ``32K`` =
+    32,768: vllm/utils/argparse_utils.py human_readable_int); with ``auto`` also ``auto`` or
+    ``-1`` (human_readable_int_or_auto)."""
+
+    def __init__(self, *, auto: bool = False) -> None:
+        self.auto = auto
+        self.name = "TOKENS|auto" if auto else "TOKENS"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        """The tokens, or AUTO."""
+        if isinstance(value, int):
+            return value
+        text = str(value).strip()
+        if self.auto and text.lower() in ("auto", "-1"):
+            return AUTO
+        try:
+            tokens = human_readable_int(text)
+        except InvalidSettingError as err:
+            self.fail(str(err), param, ctx)
+        if tokens < 1:
+            self.fail(f"{tokens} is not a positive number of tokens.", param, ctx)
+        return tokens
+
+
+class Size(click.ParamType[int]):
+    """A size in bytes: ``4GiB``, ``80GB``, ``4g`` (``oominfer.base.units.parse_size``)."""
+
+    name = "SIZE"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        """The bytes."""
+        # parse_size's own error (with its hint) is the message, as for any bad setting.
+        return value if isinstance(value, int) else parse_size(str(value))
+
+
+def _param_type(d: Declared) -> click.ParamType[Any]:
+    if d.choices:
+        return click.Choice(d.choices)
+    if d.unit == "tokens":
+        return Tokens(auto=d.name == "max_model_len")
+    if d.unit == "bytes":
+        return Size()
+    if d.kind is int:
+        return POSITIVE
+    low = d.above if d.above is not None else d.at_least
+    return click.FloatRange(low, d.at_most, min_open=d.above is not None)
+
+
+def setting_option(d: Declared, *, requirement: bool) -> Callable[[F], F]:
+    """The click option of one engine setting, from its declaration.
+
+    ``requirement`` (fit, serve MODEL): no default, so that a flag given is told from one
+    left out, and the one given is a requirement; the help says the default instead.
+    Otherwise (estimate) the option takes the setting's default.
+    """
+    names = [d.flag, *([d.short] if d.short else [])]
+    if d.kind is bool:
+        default = None if requirement else d.default
+        return click.option(*names, d.name, is_flag=True, default=default, help=d.help)
+    if requirement or d.default is None:
+        return click.option(*names, d.name, type=_param_type(d), help=d.help)
+    return click.option(*names, d.name, type=_param_type(d), default=d.default,
+                        show_default=True, help=d.help)  # fmt: skip
+
+
+def engine_setting_options(*, requirement: bool) -> Callable[[F], F]:
+    """Every engine setting offered on the command line, in declaration order."""
+    chosen = [setting_option(d, requirement=requirement) for d in DECLARED if d.on_command_line]
+    return _compose(*chosen)
+
 
 hardware_options = _compose(
     click.option(
@@ -116,40 +139,13 @@ hardware_options = _compose(
 )  # fmt: skip
 """--gpu, --gpus, --gpu-memory, --device, --memory."""
 
-settings_options = _compose(
-    ENGINE,
-    DTYPE,
-    click.option("--quantization", "-q", type=click.Choice(get_args(Quantization))),
-    click.option(
-        "--kv-cache-dtype", type=click.Choice(get_args(KvCacheDtype)),
-        default=DEFAULTS.kv_cache_dtype, show_default=True,
-    ),
-    GPU_MEMORY_UTILIZATION,
-    MAX_MODEL_LEN,
-    click.option("--max-num-seqs", type=POSITIVE, help="Default: vLLM's for the GPU."),
-    click.option("--max-num-batched-tokens", type=POSITIVE, help="Default: vLLM's for the GPU."),
-    click.option("--enforce-eager", is_flag=True, default=DEFAULTS.enforce_eager),
-    click.option(
-        "--tensor-parallel-size", "-tp", type=POSITIVE,
-        default=DEFAULTS.tensor_parallel_size, show_default=True,
-    ),
-    click.option(
-        "--pipeline-parallel-size", "-pp", type=POSITIVE,
-        default=DEFAULTS.pipeline_parallel_size, show_default=True,
-    ),
-    click.option(
-        "--cpu-offload-gb", type=click.FloatRange(min=0),
-        default=DEFAULTS.cpu_offload_gb, show_default=True,
-    ),
-    KV_CACHE_MEMORY_BYTES,
-    ENGINE_VERSION,
-)  # fmt: skip
+settings_options = _compose(ENGINE, engine_setting_options(requirement=False), ENGINE_VERSION)
 """The engine flags of `estimate`, under vLLM's names and with vLLM's defaults."""
 
 fit_options = _compose(
     hardware_options,
     ENGINE,
-    DTYPE,
+    engine_setting_options(requirement=True),
     click.option(
         "--prefer", type=click.Choice(get_args(Prefer)), default=DEFAULT_CONSTRAINTS.prefer,
         show_default=True,
@@ -172,11 +168,8 @@ fit_options = _compose(
         "--concurrency", type=POSITIVE,
         help="Requests of --typical-length that must run at once.",
     ),
-    MAX_MODEL_LEN,
     click.option("--no-quantize", is_flag=True, help="Never quantize the weights."),
     click.option("--allow-offload", is_flag=True, help="Allow CPU offload of weights (slow)."),
-    GPU_MEMORY_UTILIZATION,
-    KV_CACHE_MEMORY_BYTES,
     ENGINE_VERSION,
     click.option(
         "--verify/--no-verify", default=None,
@@ -202,10 +195,6 @@ fit_options = _compose(
 """The flags of `oominfer fit` (also taken by `oominfer serve MODEL`)."""
 
 
-def _size(text: str | None) -> int | None:
-    return parse_size(text) if text else None
-
-
 def _context(opts: dict[str, Any]) -> int | None:
     """--max-model-len as a number, None for none or auto."""
     value = opts.get("max_model_len")
@@ -225,7 +214,8 @@ def build_hardware(opts: dict[str, Any]) -> Hardware:
     if device_of(opts) == "cpu":
         if gpu or gpu_memory:
             raise InvalidSettingError("--device cpu takes --memory, not --gpu/--gpu-memory.")
-        return Hardware.cpu(_size(opts.get("memory")))
+        memory = opts.get("memory")
+        return Hardware.cpu(parse_size(memory) if memory else None)
     if opts.get("memory"):
         raise InvalidSettingError("--memory is for --device cpu; GPUs take --gpu-memory.")
     if gpu and gpu_memory:
@@ -237,39 +227,45 @@ def build_hardware(opts: dict[str, Any]) -> Hardware:
     return Hardware.detect(gpus, default="L4")
 
 
-def build_settings(opts: dict[str, Any]) -> VllmSettings:
-    """VllmSettings from the engine flags (the dataclass validates them)."""
-    return VllmSettings(
-        dtype=opts["dtype"],
-        quantization=opts.get("quantization"),
-        kv_cache_dtype=opts["kv_cache_dtype"],
-        gpu_memory_utilization=opts.get("gpu_memory_utilization")
-        or DEFAULTS.gpu_memory_utilization,
-        max_model_len=_context(opts),
-        max_num_seqs=opts.get("max_num_seqs"),
-        max_num_batched_tokens=opts.get("max_num_batched_tokens"),
-        enforce_eager=opts["enforce_eager"],
-        tensor_parallel_size=opts["tensor_parallel_size"],
-        pipeline_parallel_size=opts["pipeline_parallel_size"],
-        cpu_offload_gb=opts["cpu_offload_gb"],
-        kv_cache_memory_bytes=_size(opts.get("kv_cache_memory_bytes")),
-    )
+def build_settings(opts: dict[str, Any]) -> EngineSettings:
+    """EngineSettings from the engine flags (the dataclass validates them); ``auto`` leaves
+    the context to the caller."""
+    given = {d.name: opts.get(d.name) for d in DECLARED if d.on_command_line}
+    if given.get("max_model_len") == AUTO:
+        given["max_model_len"] = None
+    return EngineSettings(**{name: value for name, value in given.items() if value is not None})
+
+
+REQUIREMENT_FIELDS: Final = ("dtype", "max_model_len", "gpu_memory_utilization",
+                             "kv_cache_memory_bytes")  # fmt: skip
+"""Engine settings that Constraints holds as fields of their own; the others given go to
+``Constraints.requested``."""
+
+
+def requested_settings(opts: dict[str, Any]) -> dict[str, Any]:
+    """The engine settings the user named on fit's command line (each a requirement)."""
+    return {
+        d.name: opts[d.name]
+        for d in DECLARED
+        if d.on_command_line and opts.get(d.name) is not None and d.name not in REQUIREMENT_FIELDS
+    }
 
 
 def build_constraints(opts: dict[str, Any]) -> Constraints:
     """Constraints from the fit flags (the dataclass validates them)."""
     return Constraints(
         engine=opts["engine"],
-        dtype=opts["dtype"],
+        dtype=opts.get("dtype") or "auto",
         prefer=opts["prefer"],
         min_context=opts.get("min_context"),
         typical_length=opts["typical_length"],
         concurrency=opts.get("concurrency"),
         max_model_len=_context(opts),
+        requested=requested_settings(opts),
         no_quantize=opts["no_quantize"],
         allow_offload=opts["allow_offload"],
         gpu_memory_utilization=opts.get("gpu_memory_utilization"),
-        kv_cache_memory_bytes=_size(opts.get("kv_cache_memory_bytes")),
+        kv_cache_memory_bytes=opts.get("kv_cache_memory_bytes"),
         gpus_per_node=opts["gpus_per_node"],
         engine_version=opts.get("engine_version"),
     )

@@ -134,10 +134,10 @@ def serve(ctx: click.Context, /, target: str, host: str, port: int, api_key: str
       oominfer serve ./my-model --device cpu --memory 6GiB --engine transformers
       oominfer serve plan.json -- --enable-prefix-caching
     """
-    from oominfer.engines.vllm import to_vllm_args
     from oominfer.planning.document import read_plan
     from oominfer.serving.extra import merge_extra
     from oominfer.serving.run import local_replicas, run
+    from oominfer.settings import engine_args
 
     plan: Plan
     if is_plan_file(target):
@@ -158,7 +158,7 @@ def serve(ctx: click.Context, /, target: str, host: str, port: int, api_key: str
     state = "verified" if plan.verified else "unverified"
     click.echo(
         f"Serving {plan.model_id} ({plan.engine}, {state} plan) on http://{host}:{port}: "
-        + " ".join(to_vllm_args(plan.settings)),
+        + " ".join(engine_args(plan.settings)),
         err=True,
     )
     warn_engine_version(plan)

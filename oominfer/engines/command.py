@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from oominfer.engines.vllm import serve_argv
-from oominfer.settings import Engine, VllmSettings
+from oominfer.settings import Engine, EngineSettings, engine_args
 
 TRANSFORMERS_MODULE = "oominfer.engines.transformers"
 """``python -m`` this to run oominfer's transformers server."""
@@ -11,7 +11,7 @@ TRANSFORMERS_MODULE = "oominfer.engines.transformers"
 
 def engine_argv(
     model: str,
-    settings: VllmSettings,
+    settings: EngineSettings,
     *,
     engine: Engine,
     port: int,
@@ -24,13 +24,7 @@ def engine_argv(
     if engine == "vllm":
         return serve_argv(model, settings, host=host, port=port, python=python, revision=revision)
     argv = [python, "-m", TRANSFORMERS_MODULE, "--model", model, "--host", host,
-            "--port", str(port), "--dtype", settings.dtype]  # fmt: skip
+            "--port", str(port)]  # fmt: skip
     if revision:
         argv += ["--revision", revision]
-    if settings.quantization:
-        argv += ["--quantization", settings.quantization]
-    if settings.max_model_len:
-        argv += ["--max-model-len", str(settings.max_model_len)]
-    if settings.max_num_seqs:
-        argv += ["--max-num-seqs", str(settings.max_num_seqs)]
-    return argv
+    return [*argv, *engine_args(settings, "transformers")]

@@ -4,9 +4,9 @@ spec that places it on the plan's GPU. Pure."""
 from __future__ import annotations
 
 import math
+import shlex
 from typing import Final
 
-from oominfer.engines.vllm import to_vllm_args
 from oominfer.k8s.options import K8sOptions, Manifest, labels, resource_name
 from oominfer.k8s.sizing import (
     GPU_RESOURCE,
@@ -17,24 +17,22 @@ from oominfer.k8s.sizing import (
     startup_budget_seconds,
 )
 from oominfer.planning.document import Plan
+from oominfer.settings import engine_args
 
 PLAN_DIR: Final = "/etc/oominfer"
 PLAN_PATH: Final = f"{PLAN_DIR}/plan.json"
 CACHE_DIR: Final = "/models"
 PLAN_SHA_ANNOTATION: Final = "oominfer.dev/plan-sha256"
+ENGINE_ARGS_ANNOTATION: Final = "oominfer.dev/engine-args"
 PROBE_PERIOD_SECONDS: Final = 10
 PRESTOP_SECONDS: Final = 10  # lets endpoints drop the pod before vLLM gets SIGTERM
 
 
 def server_args(plan: Plan, options: K8sOptions) -> list[str]:
-    """``oominfer serve`` flags: listen on all interfaces, then the plan's vLLM flags.
-
-    ``oominfer serve`` checks that the flags after ``--`` agree with the plan.
-    """
-    args = ["--host", "0.0.0.0", "--port", str(options.port)]
-    if plan.engine == "vllm":
-        args += ["--", *to_vllm_args(plan.settings)]
-    return args
+    """``oominfer serve`` flags: listen on all interfaces. The engine's flags come from the
+    mounted plan itself, so what runs is what was verified; the pod's annotations show them
+    (``pod_metadata``)."""
+    return ["--host", "0.0.0.0", "--port", str(options.port)]
 
 
 def serve_command() -> list[str]:
@@ -171,5 +169,10 @@ def pod_metadata(plan: Plan, options: K8sOptions, extra: dict[str, str]) -> Mani
     """Pod labels, and the plan's digest so that a new plan rolls the pods."""
     return {
         "labels": {**labels(plan, options), **extra},
-        "annotations": {PLAN_SHA_ANNOTATION: plan.sha256(), "oominfer.dev/model": plan.model_id},
+        "annotations": {
+            PLAN_SHA_ANNOTATION: plan.sha256(),
+            "oominfer.dev/model": plan.model_id,
+            # What `oominfer serve` hands the engine, rendered from the plan, for the reader.
+            ENGINE_ARGS_ANNOTATION: shlex.join(engine_args(plan.settings, plan.engine)),
+        },
     }

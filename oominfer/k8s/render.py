@@ -2,9 +2,9 @@
 
 Every object is built as a dict by a small function and serialised once by ``dump_yaml``;
 there are no string templates. The server container runs ``oominfer serve`` on the plan
-mounted from a ConfigMap, with the vLLM flags from ``to_vllm_args`` (the code ``fit``
-verified) after ``--``, one token per list item. A plan whose pipeline stages span nodes
-becomes a LeaderWorkerSet running vLLM on Ray (``multinode``).
+mounted from a ConfigMap: the engine's flags come from the plan itself (the settings ``fit``
+verified), shown in the pod's ``oominfer.dev/engine-args`` annotation. A plan whose pipeline
+stages span nodes becomes a LeaderWorkerSet running vLLM on Ray (``multinode``).
 
 This module renders the objects; the options, names and labels are in ``options``, the
 sizing in ``sizing``, the pod in ``pod``, the PDB, autoscaling and monitoring objects in

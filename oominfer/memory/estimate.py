@@ -49,14 +49,14 @@ from oominfer.rules.attention import (
 )
 from oominfer.rules.parallel import tensor_parallel_refusal
 from oominfer.rules.versions import CURRENT_VLLM, EngineVersion
-from oominfer.settings import Engine, VllmSettings
+from oominfer.settings import Engine, EngineSettings
 
 
 def estimate(
     spec: ModelSpec,
     *,
     hardware: Hardware,
-    settings: VllmSettings,
+    settings: EngineSettings,
     engine: Engine = "vllm",
     version: EngineVersion = CURRENT_VLLM,
 ) -> MemoryBreakdown:
@@ -217,7 +217,7 @@ def estimate(
     return min(seen.values(), key=lambda b: (b.usable_blocks, b.kv_cache_bytes))
 
 
-def _check_parallel(spec: ModelSpec, s: VllmSettings, hardware: Hardware) -> None:
+def _check_parallel(spec: ModelSpec, s: EngineSettings, hardware: Hardware) -> None:
     tp, pp = s.tensor_parallel_size, s.pipeline_parallel_size
     if s.world_size > hardware.count:
         raise InvalidSettingError(

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Final, Literal, get_args
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal, get_args
 
 from oominfer.base.errors import InvalidSettingError
 from oominfer.rules.versions import LATEST_VLLM, EngineVersion
-from oominfer.settings import Dtype, Engine
+from oominfer.settings import DECLARED, Dtype, Engine
 
 Prefer = Literal["balanced", "context", "throughput", "quality"]
 """What the plan trades for what (planning/costs.py orders the levers for each):
@@ -58,7 +59,11 @@ class Constraints:
     gpus_per_node: int = 8
     """GPUs of one node: tensor parallelism stays within a node, pipeline stages span nodes."""
     engine_version: str | None = None
-    """The vLLM release to plan for (``0.33``, ``vllm 0.32.0``); None: the latest known."""
+    """The vLLM release to plan for (``0.33``, ``vllm 0.32.0``); None until the planning
+    context resolves it (``oominfer.planning.context``)."""
+    requested: Mapping[str, Any] = field(default_factory=dict)
+    """Engine settings the user named (``max_num_seqs``, ``enforce_eager``, ...: EngineSettings
+    field names) besides the ones above: each is a requirement, as it is to vLLM."""
 
     def __post_init__(self) -> None:
         """Reject constraints that cannot hold together."""
@@ -73,6 +78,9 @@ class Constraints:
         ):
             if value is not None and value < 1:
                 raise InvalidSettingError(f"{flag} must be positive, got {value}.")
+        unknown = sorted(set(self.requested) - {d.name for d in DECLARED})
+        if unknown:
+            raise InvalidSettingError(f"unknown engine settings: {', '.join(unknown)}.")
         if (
             self.max_model_len is not None
             and self.min_context is not None

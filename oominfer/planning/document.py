@@ -16,7 +16,7 @@ from typing import Any, Final
 
 from oominfer.base.errors import InvalidSettingError, PlanError
 from oominfer.memory.breakdown import MemoryBreakdown
-from oominfer.settings import DEVICES, ENGINES, Device, Engine, VllmSettings
+from oominfer.settings import DEVICES, ENGINES, Device, Engine, EngineSettings
 
 SCHEMA_VERSION: Final = 1
 
@@ -134,7 +134,7 @@ class Alternative:
     """What it is best at: "longest context", "most concurrency", "native precision"..."""
     flag: str
     """The flag that picks it (``--prefer context``)."""
-    settings: VllmSettings
+    settings: EngineSettings
     replicas: int = 1
     concurrency: Concurrency | None = None
     turns: tuple[str, ...] = ()
@@ -157,7 +157,7 @@ class Plan:
     """name, count, memory_bytes, cuda_total_bytes, compute_capability, product_label."""
     engine: Engine = "vllm"
     engine_version: str | None = None
-    settings: VllmSettings = field(default_factory=VllmSettings)
+    settings: EngineSettings = field(default_factory=EngineSettings)
     predicted: Prediction | None = None
     """The estimator's per-GPU breakdown of this plan."""
     baseline: Prediction | None = None
@@ -240,7 +240,7 @@ def plan_from_dict(data: Any, *, source: str = "plan") -> Plan:
             gpu=_section(data, "gpu"),
             engine=data.get("engine", "vllm"),
             engine_version=data.get("engine_version"),
-            settings=VllmSettings(**_section(data, "settings")),
+            settings=EngineSettings(**_section(data, "settings")),
             predicted=_prediction(data.get("predicted")),
             baseline=_prediction(data.get("baseline")),
             replicas=int(data.get("replicas", 1)),
@@ -334,7 +334,7 @@ def _alternative(data: Any) -> Alternative:
     return Alternative(
         name=str(data["name"]),
         flag=str(data["flag"]),
-        settings=VllmSettings(**data["settings"]),
+        settings=EngineSettings(**data["settings"]),
         replicas=int(data.get("replicas", 1)),
         concurrency=_concurrency(data.get("concurrency")),
         turns=tuple(data.get("turns") or ()),

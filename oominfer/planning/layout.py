@@ -11,7 +11,7 @@ from oominfer.model.spec import ModelSpec
 from oominfer.planning.constraints import Constraints
 from oominfer.rules import parallel as parallel_rules
 from oominfer.rules.parallel import tensor_parallel_refusal
-from oominfer.settings import ExecutorBackend, VllmSettings
+from oominfer.settings import EngineSettings, ExecutorBackend
 
 TENSOR_PARALLEL_SIZES: Final = (1, 2, 4, 8, 16)
 """The tensor-parallel sizes planned: powers of two, as NCCL and vLLM's custom all-reduce
@@ -61,7 +61,7 @@ def executor_backend(layout: Layout, c: Constraints) -> ExecutorBackend | None:
     return parallel_rules.executor_backend(layout.world_size, c.gpus_per_node)
 
 
-def on_layout(settings: VllmSettings, layout: Layout, c: Constraints) -> VllmSettings:
+def on_layout(settings: EngineSettings, layout: Layout, c: Constraints) -> EngineSettings:
     """``settings`` spread over ``layout`` (with the executor it needs)."""
     return dataclasses.replace(
         settings,

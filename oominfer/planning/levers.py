@@ -15,7 +15,7 @@ from oominfer.planning.costs import why
 from oominfer.planning.document import Lever
 from oominfer.planning.search import Candidate
 from oominfer.rules.versions import EngineVersion
-from oominfer.settings import Engine, VllmSettings
+from oominfer.settings import Engine, EngineSettings
 
 
 def explain(
@@ -35,10 +35,10 @@ def explain(
               reason="bf16 needs compute capability 8.0" if b.dtype == "float16"
               else "the hardware runs the checkpoint's 16-bit dtype", cost="none"),
     ]  # fmt: skip
-    defaults = VllmSettings()
+    defaults = EngineSettings()
     default_tokens, default_seqs = vllm_defaults(hardware)
 
-    def saved(other: VllmSettings) -> int:
+    def saved(other: EngineSettings) -> int:
         """Non-KV bytes the chosen plan saves over ``other`` (itself with a lever put back)."""
         try:
             o = estimate(spec, hardware=hardware, settings=other, engine=engine, version=version)

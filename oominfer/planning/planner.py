@@ -34,7 +34,7 @@ from oominfer.planning.search import (
     settle,
     with_offload,
 )
-from oominfer.settings import Dtype, Engine, VllmSettings
+from oominfer.settings import Dtype, Engine, EngineSettings
 
 ALTERNATIVES: tuple[tuple[Prefer, str], ...] = (
     ("context", "longest context"),
@@ -51,7 +51,7 @@ class PlanResult:
 
     engine: Engine = "vllm"
     """The engine the plan runs on (a bitsandbytes checkpoint moves it to transformers)."""
-    settings: VllmSettings
+    settings: EngineSettings
     breakdown: MemoryBreakdown
     levers: tuple[Lever, ...]
     baseline: MemoryBreakdown | None
@@ -146,7 +146,7 @@ def _alternatives(
     """What each other objective would pick, where it differs from the plan."""
     mine = costs(chosen, spec, hardware, c)
     out: list[Alternative] = []
-    seen: dict[VllmSettings, int] = {dataclasses.replace(chosen.settings, dtype="auto"): -1}
+    seen: dict[EngineSettings, int] = {dataclasses.replace(chosen.settings, dtype="auto"): -1}
     for prefer, name in ALTERNATIVES:
         if prefer == c.prefer:
             continue

@@ -26,7 +26,7 @@ from oominfer.planning.layout import Layout, layouts, on_layout, replicas
 from oominfer.rules import kv_cache as kv_cache_rules
 from oominfer.rules import quantization as quantization_rules
 from oominfer.rules.dtypes import compute_dtype
-from oominfer.settings import KvCacheDtype, Quantization, VllmSettings
+from oominfer.settings import EngineSettings, KvCacheDtype, Quantization
 
 SEQ_STEPS: Final = (1024, 512, 256, 128, 64, 32, 16, 8, 4, 2, 1)
 CHUNK_STEPS: Final = (1024, 512)
@@ -37,7 +37,7 @@ CHUNK_STEPS: Final = (1024, 512)
 class Candidate:
     """One configuration that fits, at the longest context it holds."""
 
-    settings: VllmSettings
+    settings: EngineSettings
     breakdown: MemoryBreakdown
     replicas: int = 1
     """Replicas the given GPUs serve with this layout."""
@@ -101,7 +101,7 @@ def kv_cache_dtypes(spec: ModelSpec, hardware: Hardware, c: Constraints) -> list
 
 
 def estimate_for(
-    spec: ModelSpec, hardware: Hardware, settings: VllmSettings, c: Constraints
+    spec: ModelSpec, hardware: Hardware, settings: EngineSettings, c: Constraints
 ) -> MemoryBreakdown:
     """The estimate with the constraints' engine and vLLM release."""
     return estimate(
@@ -110,15 +110,15 @@ def estimate_for(
 
 
 def _utilization(c: Constraints) -> float:
-    return c.gpu_memory_utilization or VllmSettings().gpu_memory_utilization
+    return c.gpu_memory_utilization or EngineSettings().gpu_memory_utilization
 
 
-def default_settings(spec: ModelSpec, hardware: Hardware, c: Constraints) -> VllmSettings:
+def default_settings(spec: ModelSpec, hardware: Hardware, c: Constraints) -> EngineSettings:
     """vLLM's defaults for this hardware, with the plan's fixed inputs (utilization, a KV
     budget, a cap on the context) and the max_num_seqs vLLM would take written out."""
     _, seqs = vllm_defaults(hardware)
     trained = spec.max_position_embeddings
-    return VllmSettings(
+    return EngineSettings(
         gpu_memory_utilization=_utilization(c),
         max_model_len=min(trained, c.max_model_len or spec.default_max_model_len or trained),
         max_num_seqs=seqs,
@@ -178,7 +178,7 @@ def settle(
     spec: ModelSpec,
     hardware: Hardware,
     c: Constraints,
-    settings: VllmSettings,
+    settings: EngineSettings,
     layout: Layout | None = None,
 ) -> Candidate | None:
     """These settings at the longest context up to theirs that fits; None when that is
@@ -250,7 +250,7 @@ def anything_fits(spec: ModelSpec, hardware: Hardware, c: Constraints) -> bool:
     eager = not hardware.is_cpu and c.engine == "vllm"
     for layout in layouts(spec, hardware, c):
         for quant in weight_formats(spec, hardware, c)[-1:]:
-            settings = VllmSettings(
+            settings = EngineSettings(
                 quantization=quant,
                 kv_cache_dtype=kv_cache_dtypes(spec, hardware, c)[-1],
                 gpu_memory_utilization=_utilization(c),
@@ -268,7 +268,7 @@ def anything_fits(spec: ModelSpec, hardware: Hardware, c: Constraints) -> bool:
     return False
 
 
-def roomiest(spec: ModelSpec, hardware: Hardware, c: Constraints) -> VllmSettings:
+def roomiest(spec: ModelSpec, hardware: Hardware, c: Constraints) -> EngineSettings:
     """vLLM's defaults on the widest layout without CUDA graphs: the most room for weights
     and cache one layout of these GPUs has."""
     widest = max(layouts(spec, hardware, c), key=lambda layout: layout.world_size)

@@ -5,13 +5,12 @@ from __future__ import annotations
 import shlex
 
 from oominfer.base.units import format_bytes
-from oominfer.engines.vllm import to_vllm_args
 from oominfer.planning.document import Alternative, Concurrency, Plan
 from oominfer.report.breakdown import bar_line, verdict
-from oominfer.settings import VllmSettings
+from oominfer.settings import EngineSettings, engine_args
 
 
-def lever_phrase(name: str, s: VllmSettings) -> str:
+def lever_phrase(name: str, s: EngineSettings) -> str:
     """A cost from planning/costs.py in words, for the settings that pay it."""
     match name:
         case "weight_quantization":
@@ -36,7 +35,7 @@ def lever_phrase(name: str, s: VllmSettings) -> str:
             return name
 
 
-def serves_line(s: VllmSettings, concurrency: Concurrency | None, replicas: int) -> str:
+def serves_line(s: EngineSettings, concurrency: Concurrency | None, replicas: int) -> str:
     """What a plan serves: its context, the requests of a typical length at once, replicas."""
     text = f"{s.max_model_len or 0:,} tokens per request"
     if concurrency is not None:
@@ -75,7 +74,7 @@ def fit_report(plan: Plan, *, cached: bool = False) -> list[str]:
         else f"{gpu.get('count', 1)} x {gpu.get('name', 'GPU')}"
     )
     lines = [f"Plan for {plan.model_id} on {where} ({plan.engine})", ""]
-    lines.append("  " + shlex.join(to_vllm_args(plan.settings)))
+    lines.append("  " + shlex.join(engine_args(plan.settings, plan.engine)))
     lines.append("")
     lines.append("Serves: " + serves_line(plan.settings, plan.concurrency, plan.replicas) + ".")
     lines.append("")

@@ -10,11 +10,11 @@ from oominfer.hardware.hardware import Hardware
 from oominfer.memory.breakdown import MemoryBreakdown
 from oominfer.model.spec import ModelSpec
 from oominfer.planning.document import Prediction
-from oominfer.settings import VllmSettings
+from oominfer.settings import EngineSettings
 
 
 def breakdown_json(
-    spec: ModelSpec, hardware: Hardware, settings: VllmSettings, b: MemoryBreakdown
+    spec: ModelSpec, hardware: Hardware, settings: EngineSettings, b: MemoryBreakdown
 ) -> dict[str, Any]:
     """The stable machine-readable shape of one estimate (``--json``)."""
     return {

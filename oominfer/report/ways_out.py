@@ -12,14 +12,14 @@ from oominfer.memory.estimate import estimate
 from oominfer.model.spec import ModelSpec
 from oominfer.rules.parallel import tensor_parallel_refusal
 from oominfer.rules.versions import CURRENT_VLLM, EngineVersion
-from oominfer.settings import Engine, VllmSettings
+from oominfer.settings import Engine, EngineSettings
 
 _PARALLEL = (2, 4, 8)
 
 
 def _tries(
-    spec: ModelSpec, hardware: Hardware, s: VllmSettings, b: MemoryBreakdown
-) -> list[tuple[str, VllmSettings, Hardware]]:
+    spec: ModelSpec, hardware: Hardware, s: EngineSettings, b: MemoryBreakdown
+) -> list[tuple[str, EngineSettings, Hardware]]:
     """The changes worth estimating, cheapest in quality first."""
     gpu = hardware.gpu
     tries = []
@@ -49,7 +49,7 @@ def _tries(
 def ways_out(
     spec: ModelSpec,
     hardware: Hardware,
-    settings: VllmSettings,
+    settings: EngineSettings,
     b: MemoryBreakdown,
     *,
     engine: Engine = "vllm",

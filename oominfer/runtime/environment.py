@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 
 from oominfer.runtime.amx import Amx, amx_status, site_folder, trap_note, workaround_env
-from oominfer.settings import Device, Engine, VllmSettings
+from oominfer.settings import Device, Engine, EngineSettings
 
 API_KEY_VARIABLES: dict[Engine, str] = {"vllm": "VLLM_API_KEY", "transformers": "OOMINFER_API_KEY"}
 """Where each engine reads its API key: never on the command line, which ``ps`` shows."""
@@ -21,7 +21,7 @@ class EngineEnv:
 
 
 def engine_env(
-    settings: VllmSettings,
+    settings: EngineSettings,
     *,
     device: Device,
     engine: Engine = "vllm",

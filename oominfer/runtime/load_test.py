@@ -8,7 +8,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from oominfer.settings import VllmSettings
+from oominfer.settings import EngineSettings
 
 OUTPUT_TOKENS = 8
 """Tokens each load-test request generates."""
@@ -38,7 +38,7 @@ def _model_name(port: int) -> str:
         return str(json.loads(r.read())["data"][0]["id"])
 
 
-def load_test(port: int, settings: VllmSettings, *, timeout: float = 600.0) -> tuple[int, str]:
+def load_test(port: int, settings: EngineSettings, *, timeout: float = 600.0) -> tuple[int, str]:
     """Real requests at the plan's limits: one whose prompt plus output reach max_model_len,
     then max_num_seqs at once. Returns (requests that completed, error or "")."""
     try:

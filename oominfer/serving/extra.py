@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from oominfer.base.errors import InvalidSettingError
-from oominfer.engines.vllm import to_vllm_args
 from oominfer.planning.document import Plan
+from oominfer.settings import engine_args
 
 
 def _flag_values(args: Sequence[str]) -> dict[str, str | None]:
@@ -38,7 +38,7 @@ def merge_extra(plan: Plan, extra: Sequence[str]) -> list[str]:
     Raises:
         InvalidSettingError: an extra flag contradicts the plan.
     """
-    planned = _flag_values(to_vllm_args(plan.settings))
+    planned = _flag_values(engine_args(plan.settings))
     given = _flag_values(extra)
     for flag, value in given.items():
         if flag in planned and planned[flag] != value:

@@ -1,9 +1,22 @@
-"""What the engine is told: which engine, on which device, and its knobs under vLLM's names."""
+"""What the engine is told: each setting declared once, under vLLM's name.
+
+``EngineSettings`` is the one declaration of every engine setting: its name (vLLM's engine
+argument), type, default, help, the engines and vLLM releases that take it, and how it
+renders on a command line. Everything else derives from it, as vLLM's ``EngineArgs`` fields
+feed its ``get_kwargs``: the click options of ``estimate`` and ``fit``
+(``oominfer.cli.options``), the engine's argv (``engine_args``), the transformers server's
+flags, the plan JSON (the fields by name) and the Kubernetes args (rendered from the plan).
+Messages name a flag with ``flag("max_num_seqs")``, never by spelling it.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Final, Literal, get_args
+import dataclasses
+import functools
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal, get_args
 
 from oominfer.base.errors import InvalidSettingError
 
@@ -56,78 +69,214 @@ DEVICES: Final = get_args(Device)
 TRANSFORMERS_ONLY: Final = frozenset({"bitsandbytes", "int8"})
 """In-flight bitsandbytes quantization: vLLM 0.32 has no loader for it (transformers only)."""
 
+Unit = Literal["tokens", "bytes"]
+"""How a number is read from the command line: tokens take vLLM's ``32k``/``auto`` forms,
+bytes take sizes such as ``4GiB``."""
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class VllmSettings:
-    """Serving settings. Field names match vLLM's engine arguments (``--max-model-len``...)."""
+class Declared:
+    """One engine setting as declared on ``EngineSettings``: everything a command line, a
+    plan or a manifest needs to know about it."""
 
-    dtype: Dtype = "auto"
-    """Compute dtype; ``auto`` is the checkpoint's 16-bit dtype (bf16 falls back to fp16 on
-    GPUs older than compute capability 8.0)."""
-    quantization: Quantization | None = None
-    """Weight quantization; None keeps the checkpoint's own format."""
-    kv_cache_dtype: KvCacheDtype = "auto"
-    """KV-cache element type; ``fp8`` halves it."""
-    gpu_memory_utilization: float = 0.92
-    """Fraction of the GPU's total memory vLLM may claim, in (0, 1] (vllm/config/cache.py)."""
-    max_model_len: int | None = None
-    """Prompt plus output tokens of one sequence; None lets vLLM derive it from config.json."""
-    max_num_seqs: int | None = None
-    """Sequences scheduled at once; None takes vLLM's default for the GPU."""
-    max_num_batched_tokens: int | None = None
-    """Tokens per scheduler step (the prefill chunk); None takes vLLM's default for the GPU."""
-    enforce_eager: bool = False
-    """Disable CUDA graphs: frees their memory, costs decode speed."""
-    tensor_parallel_size: int = 1
-    pipeline_parallel_size: int = 1
-    cpu_offload_gb: float = 0
-    """GiB of weights per GPU kept in host memory and streamed in each forward pass."""
-    kv_cache_memory_bytes: int | None = None
-    """A fixed KV-cache size instead of one derived from gpu_memory_utilization."""
-    distributed_executor_backend: ExecutorBackend | None = None
-    """``ray`` for a replica spanning nodes (vLLM refuses a world size larger than the GPUs
-    it sees otherwise); None lets vLLM pick (multiprocessing inside a node)."""
-    allow_deprecated_quantization: bool = False
-    """Needed to load a checkpoint whose quantization method vLLM deprecated (fbgemm_fp8)."""
+    name: str
+    """The field, and vLLM's engine-argument name (``max_num_seqs``)."""
+    help: str
+    default: Any
+    kind: type
+    """``int``, ``float``, ``bool`` or ``str`` (the value without ``None``)."""
+    optional: bool
+    """None is a value: the engine then derives the setting itself."""
+    choices: tuple[str, ...] = ()
+    short: str | None = None
+    """A short flag vLLM also takes (``-tp``)."""
+    engines: tuple[Engine, ...] = ENGINES
+    """The engines that take the setting on their command line."""
+    since: tuple[int, int] | None = None
+    """The first vLLM release with the flag (None: every release oominfer plans for)."""
+    unit: Unit | None = None
+    always: bool = False
+    """Rendered even at its default (vLLM's default differs from oominfer's, or the reader
+    of a pod spec should see it)."""
+    above: float | None = None
+    at_least: float | None = None
+    at_most: float | None = None
+    """Bounds of a number (``above`` excludes its bound)."""
+    not_for_vllm: frozenset[str] = frozenset()
+    """Values that vLLM has no flag value for (they load through another engine)."""
+    on_command_line: bool = True
+    """Offered as an option of ``estimate`` and ``fit``."""
+
+    @property
+    def flag(self) -> str:
+        """The long flag, as vLLM spells it."""
+        return "--" + self.name.replace("_", "-")
+
+    def rendered(self, value: Any, engine: Engine) -> list[str]:
+        """This setting's tokens on ``engine``'s command line (none when left to the engine)."""
+        if engine not in self.engines or value is None or value is False:
+            return []
+        if engine == "vllm" and value in self.not_for_vllm:
+            return []
+        if value == self.default and not self.always:
+            return []
+        if value is True:
+            return [self.flag]
+        return [self.flag, f"{value:g}" if isinstance(value, float) else str(value)]
+
+
+def setting(default: Any, help: str, **declared: Any) -> Any:
+    """A field of ``EngineSettings`` with its declaration (see ``Declared``)."""
+    return field(default=default, metadata={"help": help, **declared})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineSettings:
+    """The settings an engine serves with, for vLLM and the transformers engine alike.
+    Field names are vLLM's engine arguments; each field is the setting's one declaration."""
+
+    dtype: Dtype = setting(
+        "auto", "Compute dtype; auto: the checkpoint's 16-bit dtype the GPU can run (bf16 falls "
+        "back to fp16 below compute capability 8.0).", always=True,
+    )  # fmt: skip
+    quantization: Quantization | None = setting(
+        None, "Weight quantization (default: the checkpoint's own format); bitsandbytes (NF4) "
+        "and int8 load through the transformers engine.", short="-q",
+        not_for_vllm=TRANSFORMERS_ONLY,
+    )  # fmt: skip
+    kv_cache_dtype: KvCacheDtype = setting(
+        "auto", "KV-cache element type; auto: the model's dtype, fp8: half the bytes per token.",
+        engines=("vllm",),
+    )  # fmt: skip
+    gpu_memory_utilization: float = setting(
+        0.92, "Fraction of the GPU's memory vLLM may claim, in (0, 1] (vLLM's default: 0.92).",
+        engines=("vllm",), always=True, above=0, at_most=1,
+    )  # fmt: skip
+    max_model_len: int | None = setting(
+        None, "Context (prompt + output) per request, in tokens (32k = 32,000, 32K = 32,768) or "
+        "auto: the longest that fits. Default: from config.json.", unit="tokens",
+    )  # fmt: skip
+    max_num_seqs: int | None = setting(
+        None, "Requests scheduled at once (default: vLLM's for the GPU).",
+    )  # fmt: skip
+    max_num_batched_tokens: int | None = setting(
+        None, "Tokens per scheduler step, the prefill chunk (default: vLLM's for the GPU).",
+        engines=("vllm",), unit="tokens",
+    )  # fmt: skip
+    enforce_eager: bool = setting(
+        False, "No CUDA graphs: frees their memory, costs decode speed.", engines=("vllm",),
+    )  # fmt: skip
+    tensor_parallel_size: int = setting(
+        1, "GPUs one layer is split over (inside a node).", short="-tp", engines=("vllm",),
+    )  # fmt: skip
+    pipeline_parallel_size: int = setting(
+        1, "Pipeline stages, the layers split across GPUs or nodes.", short="-pp",
+        engines=("vllm",),
+    )  # fmt: skip
+    cpu_offload_gb: float = setting(
+        0, "GiB of weights per GPU kept in host memory and streamed in each forward pass.",
+        engines=("vllm",), at_least=0,
+    )  # fmt: skip
+    kv_cache_memory_bytes: int | None = setting(
+        None, "A fixed KV-cache size instead of one derived from the memory utilization "
+        "(e.g. 4GiB).", engines=("vllm",), unit="bytes", since=(0, 11),
+    )  # fmt: skip
+    distributed_executor_backend: ExecutorBackend | None = setting(
+        None, "ray for a replica spanning nodes (vLLM refuses a world size larger than the "
+        "GPUs it sees otherwise); default: vLLM's choice inside a node.", engines=("vllm",),
+        on_command_line=False,
+    )  # fmt: skip
+    allow_deprecated_quantization: bool = setting(
+        False, "Load a checkpoint whose quantization method vLLM deprecated (fbgemm_fp8).",
+        engines=("vllm",), on_command_line=False,
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         """Reject settings vLLM would reject, with the flag to change."""
-        if self.dtype not in DTYPES:
-            raise InvalidSettingError(f"unknown --dtype {self.dtype!r}.")
-        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
-            raise InvalidSettingError(f"unknown --quantization {self.quantization!r}.")
-        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise InvalidSettingError(f"unknown --kv-cache-dtype {self.kv_cache_dtype!r}.")
-        if not 0 < self.gpu_memory_utilization <= 1:
-            raise InvalidSettingError(
-                f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}.",
-                hint="Try --gpu-memory-utilization 0.92 (vLLM's default).",
-            )
-        for flag, value in (
-            ("--max-model-len", self.max_model_len),
-            ("--max-num-seqs", self.max_num_seqs),
-            ("--max-num-batched-tokens", self.max_num_batched_tokens),
-            ("--tensor-parallel-size", self.tensor_parallel_size),
-            ("--pipeline-parallel-size", self.pipeline_parallel_size),
-            ("--kv-cache-memory-bytes", self.kv_cache_memory_bytes),
-        ):
-            if value is not None and value < 1:
-                raise InvalidSettingError(f"{flag} must be a positive integer, got {value}.")
+        for d in DECLARED:
+            value = getattr(self, d.name)
+            if d.choices and value is not None and value not in d.choices:
+                raise InvalidSettingError(
+                    f"unknown {d.flag} {value!r}.", hint=f"Choose one of: {', '.join(d.choices)}."
+                )
+            if d.kind is int and value is not None and value < 1:
+                raise InvalidSettingError(f"{d.flag} must be a positive integer, got {value}.")
+            if isinstance(value, float | int) and not isinstance(value, bool):
+                _check_bounds(d, value)
         if (
             self.max_num_seqs is not None
             and self.max_num_batched_tokens is not None
             and self.max_num_batched_tokens < self.max_num_seqs
         ):
             raise InvalidSettingError(
-                f"--max-num-batched-tokens {self.max_num_batched_tokens} is below "
-                f"--max-num-seqs {self.max_num_seqs}: vLLM needs a step to hold a token of "
-                "every running sequence.",
-                hint=f"Use --max-num-batched-tokens {self.max_num_seqs} or more.",
+                f"{flag('max_num_batched_tokens')} {self.max_num_batched_tokens} is below "
+                f"{flag('max_num_seqs')} {self.max_num_seqs}: vLLM needs a step to hold a token "
+                "of every running sequence.",
+                hint=f"Use {flag('max_num_batched_tokens')} {self.max_num_seqs} or more.",
             )
-        if self.cpu_offload_gb < 0:
-            raise InvalidSettingError(f"--cpu-offload-gb must be >= 0, got {self.cpu_offload_gb}.")
 
     @property
     def world_size(self) -> int:
         """GPUs one replica uses."""
         return self.tensor_parallel_size * self.pipeline_parallel_size
+
+
+def _check_bounds(d: Declared, value: float) -> None:
+    """Refuse a number outside its declared bounds, naming them."""
+    low_ok = (d.above is None or value > d.above) and (d.at_least is None or value >= d.at_least)
+    if low_ok and (d.at_most is None or value <= d.at_most):
+        return
+    low = f"({d.above:g}" if d.above is not None else f"[{d.at_least or 0:g}"
+    high = f"{d.at_most:g}]" if d.at_most is not None else "inf)"
+    raise InvalidSettingError(
+        f"{d.flag} must be in {low}, {high}, got {value:g}.",
+        hint=f"Try {d.flag} {d.default:g} (the default).",
+    )
+
+
+def _declare(f: dataclasses.Field[Any], hint: Any) -> Declared:
+    union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+    args = [a for a in get_args(hint) if a is not type(None)] if union else [hint]
+    optional = union and len(args) < len(get_args(hint))
+    inner = args[0]
+    choices = tuple(get_args(inner)) if typing.get_origin(inner) is Literal else ()
+    kind = str if choices else inner
+    return Declared(
+        name=f.name, default=f.default, kind=kind, optional=optional, choices=choices, **f.metadata
+    )
+
+
+DECLARED: Final[tuple[Declared, ...]] = tuple(
+    _declare(f, typing.get_type_hints(EngineSettings)[f.name])
+    for f in dataclasses.fields(EngineSettings)
+)
+"""Every engine setting, in the order vLLM's help lists them."""
+
+
+@functools.cache
+def declared(name: str) -> Declared:
+    """The declaration of one setting, by field name."""
+    for d in DECLARED:
+        if d.name == name:
+            return d
+    raise KeyError(name)
+
+
+def flag(name: str) -> str:
+    """The flag of a setting, for messages: ``flag("max_num_seqs")`` -> ``--max-num-seqs``."""
+    return declared(name).flag
+
+
+def engine_args(settings: EngineSettings, engine: Engine = "vllm") -> list[str]:
+    """The flags ``engine`` serves ``settings`` with, one token per item, in declaration
+    order: what the probe, ``serve`` and the Kubernetes manifests all run."""
+    return [tok for d in DECLARED for tok in d.rendered(getattr(settings, d.name), engine)]
+
+
+def too_new(settings: EngineSettings, release: tuple[int, int]) -> list[str]:
+    """The flags ``settings`` use that vLLM ``release`` does not have yet."""
+    return [
+        d.flag
+        for d in DECLARED
+        if d.since and release < d.since and d.rendered(getattr(settings, d.name), "vllm")
+    ]

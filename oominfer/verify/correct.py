@@ -17,7 +17,7 @@ from oominfer.planning.constraints import Constraints
 from oominfer.planning.document import Lever
 from oominfer.planning.planner import PlanResult
 from oominfer.runtime.status import ProbeStatus
-from oominfer.settings import VllmSettings
+from oominfer.settings import EngineSettings
 from oominfer.verify.prober import ProbeResult
 
 
@@ -31,7 +31,7 @@ def correct(
     spec: ModelSpec,
     hardware: Hardware,
     c: Constraints,
-    settings: VllmSettings,
+    settings: EngineSettings,
     result: PlanResult,
     outcome: ProbeResult,
 ) -> tuple[Constraints, Lever]:

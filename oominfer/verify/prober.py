@@ -26,7 +26,7 @@ from oominfer.runtime.environment import engine_env
 from oominfer.runtime.load_test import healthy, load_test
 from oominfer.runtime.process import free_port, group_rss_bytes, start_engine, stop
 from oominfer.runtime.status import LogFacts, ProbeStatus
-from oominfer.settings import Device, Engine, VllmSettings
+from oominfer.settings import Device, Engine, EngineSettings
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -34,7 +34,7 @@ class ProbeResult:
     """How one launch went, and what the engine measured."""
 
     status: ProbeStatus
-    settings: VllmSettings
+    settings: EngineSettings
     log_path: Path
     facts: LogFacts
     seconds: float
@@ -48,7 +48,7 @@ class Prober(Protocol):
     """Launches an engine with some settings and reports the outcome (fit's seam)."""
 
     def __call__(
-        self, model: str, settings: VllmSettings, *, engine: Engine, device: Device
+        self, model: str, settings: EngineSettings, *, engine: Engine, device: Device
     ) -> ProbeResult:
         """Run one probe."""
         ...
@@ -79,7 +79,7 @@ class EngineProber:
     """The Hub revision of the model (``--revision``), which the engine loads too."""
 
     def __call__(
-        self, model: str, settings: VllmSettings, *, engine: Engine, device: Device
+        self, model: str, settings: EngineSettings, *, engine: Engine, device: Device
     ) -> ProbeResult:
         """Launch, wait for ready or failure, load at the limits, classify, clean up."""
         self.launches += 1
@@ -110,7 +110,7 @@ class EngineProber:
         self,
         proc: subprocess.Popen[bytes],
         log_path: Path,
-        settings: VllmSettings,
+        settings: EngineSettings,
         engine: Engine,
         port: int,
         start: float,

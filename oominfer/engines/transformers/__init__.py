@@ -3,11 +3,13 @@
 Run it as::
 
     python -m oominfer.engines.transformers --model DIR --host 127.0.0.1 --port 8000 \\
-        [--plan plan.json] [--dtype float32] [--quantization bitsandbytes|int8] \\
-        [--max-model-len N] [--max-num-seqs N] [--max-queue N] [--api-key KEY] \\
+        [--plan plan.json] [SETTINGS...] [--max-queue N] [--api-key KEY] \\
         [--served-model-name NAME] [--grace-period S] [--default-max-tokens N] \\
         [--max-body-size 10MiB] [--timeout-keep-alive S] [--timeout-request S] \\
         [--max-connections N]
+
+SETTINGS are the engine settings this engine takes (dtype, quantization, context, sequences),
+under vLLM's flag names as ``oominfer.settings`` declares them; ``--help`` lists them.
 
 Endpoints: ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions`` (the tokenizer's chat
 template; ``stream: true`` as server-sent events ending with ``data: [DONE]``), ``/health``,

