@@ -25,12 +25,12 @@ from oominfer import k8s
 from oominfer.base.errors import ExitStatus, InvalidSettingError, PlanError
 from oominfer.base.units import GiB
 from oominfer.cli.k8s import k8s_command
-from oominfer.settings import engine_args as to_vllm_args
 from oominfer.k8s.options import K8sOptions
 from oominfer.k8s.sizing import Topology
 from oominfer.planning.document import Plan, Prediction, Verification, plan_to_dict
 from oominfer.rules.versions import LATEST_VLLM
 from oominfer.settings import EngineSettings
+from oominfer.settings import engine_args as to_vllm_args
 
 REPO = Path(__file__).resolve().parent.parent
 DEPLOY = REPO / "deploy" / "k8s"

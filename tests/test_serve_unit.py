@@ -7,11 +7,11 @@ import sys
 import pytest
 
 from oominfer.base.errors import ExitStatus, InvalidSettingError
-from oominfer.settings import engine_args as to_vllm_args
 from oominfer.planning.document import Plan, Prediction
 from oominfer.serving.extra import merge_extra
 from oominfer.serving.run import ENGINE_STOP_S, explain_failure, server_argv
 from oominfer.settings import EngineSettings
+from oominfer.settings import engine_args as to_vllm_args
 
 SETTINGS = EngineSettings(dtype="bfloat16", max_model_len=8192, max_num_seqs=16)
 PLAN = Plan(

@@ -13,7 +13,6 @@ import pytest
 import oominfer
 from oominfer.base.errors import InvalidSettingError
 from oominfer.base.units import GiB, parse_size
-from oominfer.settings import engine_args as to_vllm_args
 from oominfer.hardware.gpu import find_gpu
 from oominfer.hardware.hardware import Hardware
 from oominfer.memory.estimate import estimate
@@ -25,6 +24,7 @@ from oominfer.planning.constraints import Constraints
 from oominfer.rules import attention, dtypes, kv_cache, parallel, quantization
 from oominfer.rules.versions import CURRENT_VLLM, LATEST_VLLM, EngineVersion
 from oominfer.settings import EngineSettings
+from oominfer.settings import engine_args as to_vllm_args
 
 LLAMA_8B = "meta-llama/Llama-3.1-8B-Instruct"
 
