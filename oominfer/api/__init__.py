@@ -35,7 +35,7 @@ from oominfer.planning.document import Plan
 from oominfer.planning.planner import plan as _plan
 from oominfer.planning.record import make_plan
 from oominfer.rules.versions import LATEST_VLLM, EngineVersion
-from oominfer.settings import Engine, EngineSettings
+from oominfer.settings import Engine, EngineSettings, flag
 
 ModelLike = ModelSpec | str
 """A ModelSpec, or what ``load_model`` takes: a folder, a Hub id or a catalog name."""
@@ -129,7 +129,7 @@ def _check_request(spec: ModelSpec, hardware: Hardware, c: Constraints) -> None:
     Raises:
         InvalidSettingError: the flag to change, with the limit.
     """
-    spec.check_context(c.max_model_len, "--max-model-len")
+    spec.check_context(c.max_model_len, flag("max_model_len"))
     spec.check_context(c.min_context, "--min-context")
     if c.dtype != "auto" and not hardware.is_cpu:
         resolve_dtype(spec, hardware.gpu, c.dtype)
@@ -148,7 +148,7 @@ def _within_free(
     if note:
         note(
             f"Only {free / 2**30:.1f} GiB of the GPU is free: planning with "
-            f"--gpu-memory-utilization {usable}."
+            f"{flag('gpu_memory_utilization')} {usable}."
         )
     return dataclasses.replace(constraints, gpu_memory_utilization=usable)
 

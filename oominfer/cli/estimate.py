@@ -22,7 +22,7 @@ from oominfer.cli.options import (
 from oominfer.hardware.hardware import Hardware
 from oominfer.model.spec import ModelSpec
 from oominfer.rules.parallel import tensor_parallel_refusal
-from oominfer.settings import Engine, EngineSettings
+from oominfer.settings import Engine, EngineSettings, flag
 
 
 def parallel_note(spec: ModelSpec, hardware: Hardware, settings: EngineSettings) -> str | None:
@@ -88,7 +88,7 @@ def estimate(model: str, revision: str | None, as_json: bool, **opts: Any) -> No
     if free is not None and free < b.budget_bytes:
         util = free / b.total_bytes - 0.01
         fix = (
-            f"Try --gpu-memory-utilization {util:.2f}."
+            f"Try {flag('gpu_memory_utilization')} {util:.2f}."
             if util >= 0.05
             else "Free the GPU's memory first (nvidia-smi lists what holds it)."
         )

@@ -180,7 +180,10 @@ fit_options = _compose(
         help="Launch at the requested context and let the engine's messages guide.",
     ),
     click.option("--no-cache", is_flag=True, help="Ignore verified plans cached earlier."),
-    click.option("--max-launches", type=click.IntRange(1, 10), default=3, show_default=True),
+    click.option(
+        "--max-launches", type=click.IntRange(1, 10), default=3, show_default=True,
+        help="The most engine launches verification may spend correcting the plan.",
+    ),
     click.option(
         "--timeout", type=click.FloatRange(min=1), default=900.0, show_default=True,
         help="Seconds one launch may take to become ready.",

@@ -22,7 +22,7 @@ DOWNLOAD_BYTES_PER_SECOND: Final = 100 * MB
 LOAD_BYTES_PER_SECOND: Final = 500 * MB
 PROCESS_START_SECONDS: Final = 60  # interpreter, imports, CUDA init, the profiling run
 COMPILE_SECONDS: Final = 180  # torch.compile and graph capture with a cold cache
-EAGER_SECONDS: Final = 30  # --enforce-eager: warm-up only
+EAGER_SECONDS: Final = 30  # enforce_eager: warm-up only
 RAY_JOIN_SECONDS: Final = 120  # the leader waits for its workers to join the Ray cluster
 
 # Host memory: the API server, engine core and tokenizer, plus one worker process per GPU

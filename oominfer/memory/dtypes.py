@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from oominfer.base.errors import InvalidSettingError
-from oominfer.settings import KV_CACHE_DTYPES, dtype_name
+from oominfer.settings import KV_CACHE_DTYPES, dtype_name, flag
 
 
 def dtype_bytes(dtype: str) -> int:
@@ -35,5 +35,5 @@ def kv_dtype_bytes(kv_cache_dtype: str, model_dtype: str) -> int:
         case _:
             raise InvalidSettingError(
                 f"unknown KV-cache dtype {kv_cache_dtype!r}.",
-                hint=f"Use --kv-cache-dtype one of {', '.join(KV_CACHE_DTYPES)}.",
+                hint=f"Use {flag('kv_cache_dtype')} one of {', '.join(KV_CACHE_DTYPES)}.",
             )

@@ -49,7 +49,7 @@ from oominfer.rules.attention import (
 )
 from oominfer.rules.parallel import tensor_parallel_refusal
 from oominfer.rules.versions import CURRENT_VLLM, EngineVersion
-from oominfer.settings import Engine, EngineSettings
+from oominfer.settings import Engine, EngineSettings, flag
 
 
 def estimate(
@@ -85,7 +85,7 @@ def estimate(
         s.kv_cache_dtype, gpu=gpu, model_dtype=dtype, device=device, version=version
     )
     if refused:
-        raise InvalidSettingError(f"{refused}.", hint="Use --kv-cache-dtype auto.")
+        raise InvalidSettingError(f"{refused}.", hint=f"Use {flag('kv_cache_dtype')} auto.")
     method = s.quantization or (spec.quantization.method if spec.quantization else None)
     if method is not None and engine == "vllm":
         refused = quantization_rules.refusal(

@@ -15,7 +15,7 @@ from oominfer.planning.costs import why
 from oominfer.planning.document import Lever
 from oominfer.planning.search import Candidate
 from oominfer.rules.versions import EngineVersion
-from oominfer.settings import Engine, EngineSettings
+from oominfer.settings import Engine, EngineSettings, flag
 
 
 def explain(
@@ -93,7 +93,7 @@ def explain(
             why("cpu_offload"), int(s.cpu_offload_gb * GiB))  # fmt: skip
     if s.gpu_memory_utilization != defaults.gpu_memory_utilization:
         add("gpu_memory_utilization", s.gpu_memory_utilization,
-            "set by --gpu-memory-utilization, or to what is free on the GPU",
+            f"set by {flag('gpu_memory_utilization')}, or to what is free on the GPU",
             "a smaller KV cache" if s.gpu_memory_utilization < defaults.gpu_memory_utilization
             else "less headroom for other processes")  # fmt: skip
     return tuple(levers)

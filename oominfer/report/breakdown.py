@@ -7,6 +7,7 @@ from oominfer.hardware.hardware import Hardware
 from oominfer.memory.breakdown import MemoryBreakdown
 from oominfer.model.spec import ModelSpec
 from oominfer.planning.document import Prediction
+from oominfer.settings import flag
 
 BAR_WIDTH = 60
 # (label, glyph, colour) of each bar segment, in the order vLLM allocates them. Every part
@@ -119,7 +120,7 @@ def verdict(b: Prediction) -> tuple[bool, str]:
             f"(short by {format_bytes(b.shortfall_bytes)})."
         )
     fix = (
-        f"--max-model-len {b.max_model_len_that_fits}"
+        f"{flag('max_model_len')} {b.max_model_len_that_fits}"
         if b.max_model_len_that_fits
         else "--quantization or more GPUs"
     )

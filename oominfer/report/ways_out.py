@@ -12,7 +12,7 @@ from oominfer.memory.estimate import estimate
 from oominfer.model.spec import ModelSpec
 from oominfer.rules.parallel import tensor_parallel_refusal
 from oominfer.rules.versions import CURRENT_VLLM, EngineVersion
-from oominfer.settings import Engine, EngineSettings
+from oominfer.settings import Engine, EngineSettings, flag
 
 _PARALLEL = (2, 4, 8)
 
@@ -25,14 +25,18 @@ def _tries(
     tries = []
     if b.max_model_len_that_fits > 0:
         fits = b.max_model_len_that_fits
-        tries.append((f"--max-model-len {fits}", dataclasses.replace(s, max_model_len=fits)))
+        tries.append(
+            (f"{flag('max_model_len')} {fits}", dataclasses.replace(s, max_model_len=fits))
+        )
     if s.kv_cache_dtype == "auto":  # estimate() refuses it where vLLM does
-        tries.append(("--kv-cache-dtype fp8", dataclasses.replace(s, kv_cache_dtype="fp8")))
+        tries.append(
+            (f"{flag('kv_cache_dtype')} fp8", dataclasses.replace(s, kv_cache_dtype="fp8"))
+        )
     if not s.enforce_eager and b.cuda_graph_bytes:
-        tries.append(("--enforce-eager", dataclasses.replace(s, enforce_eager=True)))
+        tries.append((flag("enforce_eager"), dataclasses.replace(s, enforce_eager=True)))
     if s.quantization is None and spec.quantization is None and gpu.supports_fp8:
         tries.append(("-q fp8_per_tensor", dataclasses.replace(s, quantization="fp8_per_tensor")))
-    out = [(flag, settings, hardware) for flag, settings in tries]
+    out = [(change, settings, hardware) for change, settings in tries]
     if hardware.is_cpu:
         return out
     pp = s.pipeline_parallel_size
@@ -41,8 +45,8 @@ def _tries(
             continue
         need = n * pp
         more = hardware if hardware.count >= need else dataclasses.replace(hardware, count=need)
-        flag = f"-tp {n}" + ("" if more is hardware else f" --gpus {need}")
-        out.append((flag, dataclasses.replace(s, tensor_parallel_size=n), more))
+        change = f"-tp {n}" + ("" if more is hardware else f" --gpus {need}")
+        out.append((change, dataclasses.replace(s, tensor_parallel_size=n), more))
     return out
 
 
@@ -61,14 +65,14 @@ def ways_out(
         return []
     found: list[str] = []
     parallel_found = False
-    for flag, s, hw in _tries(spec, hardware, settings, b):
-        if flag.startswith("-tp") and parallel_found:
+    for change, s, hw in _tries(spec, hardware, settings, b):
+        if change.startswith("-tp") and parallel_found:
             continue
         try:
             fits = estimate(spec, hardware=hw, settings=s, engine=engine, version=version).fits
         except InvalidSettingError:
             continue
         if fits:
-            found.append(flag)
-            parallel_found = parallel_found or flag.startswith("-tp")
+            found.append(change)
+            parallel_found = parallel_found or change.startswith("-tp")
     return found

@@ -3,7 +3,7 @@
 An FP8 KV cache (``fp8``, ``fp8_e4m3``, ``fp8_e5m2``) runs from compute capability 8.0
 through the FlashInfer and Triton attention backends (FlashAttention 3 needs 9.0):
 vllm/v1/attention/backends/flashinfer.py, triton_attn.py, flash_attn.py
-``supports_kv_cache_dtype``. 0.33 refuses an explicit 16-bit ``--kv-cache-dtype`` other than
+``supports_kv_cache_dtype``. 0.33 refuses an explicit 16-bit ``kv_cache_dtype`` other than
 the model's dtype (vllm/config/cache.py).
 """
 
@@ -13,6 +13,7 @@ from typing import Final
 
 from oominfer.hardware.gpu import GpuSpec
 from oominfer.rules.versions import EngineVersion
+from oominfer.settings import flag
 
 SOURCE: Final = (
     "vllm/v1/attention/backends/{flashinfer,triton_attn,flash_attn}.py "
@@ -43,6 +44,6 @@ def refusal(
     ):
         return (
             f"vLLM 0.33 refuses a {kv_cache_dtype} KV cache for a {model_dtype} model; "
-            "--kv-cache-dtype auto stores it in the model's dtype"
+            f"{flag('kv_cache_dtype')} auto stores it in the model's dtype"
         )
     return None

@@ -40,6 +40,7 @@ from oominfer.runtime.environment import engine_env
 from oominfer.runtime.process import STOP_SIGNALS, free_port, start_engine, stop
 from oominfer.runtime.status import LogFacts, ProbeStatus
 from oominfer.serving.extra import merge_extra
+from oominfer.settings import flag
 from oominfer.verify.prober import failure_of
 
 if TYPE_CHECKING:
@@ -121,9 +122,11 @@ def _explain(plan: Plan, facts: LogFacts) -> str | None:
             )
             + "."
         )
-    fix = f"--max-model-len {facts.estimated_max_model_len}" if facts.estimated_max_model_len else (
-        "--gpu-memory-utilization lower, or --prefer quality off"
-    )  # fmt: skip
+    fix = (
+        f"{flag('max_model_len')} {facts.estimated_max_model_len}"
+        if facts.estimated_max_model_len
+        else f"{flag('gpu_memory_utilization')} lower, or --prefer quality off"
+    )
     said.append(
         f"The GPU differs from the one the plan was made for, or memory is held elsewhere: "
         f"run `oominfer fit {plan.model_id}` here again (e.g. with {fix})."
