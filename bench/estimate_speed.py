@@ -18,6 +18,7 @@ from oominfer.hardware.gpu import find_gpu
 from oominfer.hardware.hardware import Hardware
 from oominfer.memory.estimate import estimate
 from oominfer.model.load import load_spec
+from oominfer.rules.versions import LATEST_VLLM
 from oominfer.settings import EngineSettings
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -69,7 +70,7 @@ def configs_per_second(seconds: float = 2.0) -> tuple[int, float]:
     n, start = 0, time.perf_counter()
     while (elapsed := time.perf_counter() - start) < seconds:
         for _ in range(200):
-            estimate(spec, hardware=hw, settings=next(grid))
+            estimate(spec, hardware=hw, settings=next(grid), version=LATEST_VLLM)
         n += 200
     return n, n / elapsed
 

@@ -23,6 +23,8 @@ from oominfer.base.units import GiB
 from oominfer.hardware import nvml
 from oominfer.hardware.gpu import find_gpu
 from oominfer.memory.estimate import estimate as estimate_breakdown
+from oominfer.planning.context import engine_release
+from oominfer.rules.versions import EngineVersion
 from oominfer.runtime.status import LogFacts, ProbeStatus
 from oominfer.settings import EngineSettings
 from oominfer.verify import prober as prober_module
@@ -52,7 +54,8 @@ def test_estimate_without_settings_is_vllms_defaults() -> None:
     model = oominfer.load_model(LLAMA_8B)
     l4 = oominfer.Hardware.from_gpu("L4")
     got = oominfer.estimate(model, l4)
-    assert got == estimate_breakdown(model, hardware=l4, settings=EngineSettings())
+    version = EngineVersion.parse(engine_release(None))  # named, else installed, else latest
+    assert got == estimate_breakdown(model, hardware=l4, settings=EngineSettings(), version=version)
     assert not got.fits  # 131,072 tokens of bf16 KV do not fit next to 15 GiB of weights
     assert oominfer.estimate(LLAMA_8B, l4) == got  # a name is loaded first
 

@@ -19,6 +19,7 @@ from oominfer.memory.weights import weights_bytes
 from oominfer.model.catalog import catalog_entry
 from oominfer.model.config import spec_from_config
 from oominfer.model.spec import ModelSpec
+from oominfer.rules.versions import CURRENT_VLLM
 from oominfer.settings import Device, EngineSettings
 
 L4 = find_gpu("L4")
@@ -42,6 +43,7 @@ def run(
         model,
         hardware=Hardware(gpu=gpu, count=gpus, device=device),
         settings=EngineSettings(**settings),
+        version=CURRENT_VLLM,
     )
 
 
@@ -228,8 +230,12 @@ def test_quantized_weights_lower_than_bf16(model_id: str, max_bytes_per_param: f
     engine = "transformers" if quantized.quantization.method == "bitsandbytes" else "vllm"
     hardware = Hardware(gpu=H200, count=8)
     settings = EngineSettings(tensor_parallel_size=4, max_model_len=4096)
-    b = estimate(quantized, hardware=hardware, settings=settings, engine=engine)
-    plain_b = estimate(plain, hardware=hardware, settings=settings, engine=engine)
+    b = estimate(
+        quantized, hardware=hardware, settings=settings, engine=engine, version=CURRENT_VLLM
+    )
+    plain_b = estimate(
+        plain, hardware=hardware, settings=settings, engine=engine, version=CURRENT_VLLM
+    )
     assert b.weights_bytes < plain_b.weights_bytes
 
 
@@ -408,6 +414,7 @@ def test_transformers_engine_returns_a_breakdown() -> None:
         hardware=Hardware(gpu=L4),
         settings=EngineSettings(max_model_len=8192),
         engine="transformers",
+        version=CURRENT_VLLM,
     )
     assert isinstance(b, MemoryBreakdown)
     assert b.engine == "transformers"

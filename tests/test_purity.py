@@ -70,8 +70,10 @@ def test_catalog_lookup_imports_no_hub(tmp_path: Path) -> None:
         "from oominfer.memory.estimate import estimate, Hardware\n"
         "from oominfer.hardware.gpu import find_gpu\n"
         "from oominfer.settings import EngineSettings\n"
+        "from oominfer.rules.versions import LATEST_VLLM\n"
         "spec = load_spec('meta-llama/Llama-3.1-8B-Instruct')\n"
-        "estimate(spec, hardware=Hardware(gpu=find_gpu('L4')), settings=EngineSettings())\n"
+        "estimate(spec, hardware=Hardware(gpu=find_gpu('L4')), settings=EngineSettings(),\n"
+        "         version=LATEST_VLLM)\n"
     )
     assert loaded_after(code, tmp_path) == []
 

@@ -16,6 +16,8 @@ from oominfer.hardware.hardware import Hardware
 from oominfer.memory.breakdown import MemoryBreakdown
 from oominfer.memory.estimate import estimate
 from oominfer.model.folder import spec_from_folder
+from oominfer.planning.context import engine_release
+from oominfer.rules.versions import EngineVersion
 from oominfer.settings import EngineSettings
 
 pytestmark = pytest.mark.slow
@@ -31,6 +33,7 @@ def _estimate(model_dir: Path, max_model_len: int) -> MemoryBreakdown:
         settings=EngineSettings(
             kv_cache_memory_bytes=KV_GIB * GiB, max_model_len=max_model_len, dtype="bfloat16"
         ),
+        version=EngineVersion.parse(engine_release(None)),  # the vLLM that runs here
     )
 
 

@@ -59,6 +59,7 @@ def test_tensor_parallel_must_divide_the_kv_heads_or_be_divided_by_them() -> Non
             qwen,
             hardware=Hardware.from_gpu("L4", 8),
             settings=EngineSettings(tensor_parallel_size=7),
+            version=CURRENT_VLLM,
         )
     # KV heads fewer than the ranks are replicated: 8 KV heads at TP 16 is fine
     assert parallel.tensor_parallel_refusal(load_spec(LLAMA_8B), 16) is None
@@ -86,7 +87,12 @@ def test_gemma_refuses_float16_and_runs_float32_below_8_0(model: str) -> None:
     assert dtypes.compute_dtype(spec, find_gpu("A10G"), "auto") == "bfloat16"
     with pytest.raises(InvalidSettingError, match="refuses float16"):
         dtypes.compute_dtype(spec, find_gpu("H100"), "float16")
-    b = estimate(spec, hardware=Hardware(gpu=t4), settings=EngineSettings(max_model_len=4096))
+    b = estimate(
+        spec,
+        hardware=Hardware(gpu=t4),
+        settings=EngineSettings(max_model_len=4096),
+        version=CURRENT_VLLM,
+    )
     assert b.dtype == "float32"
 
 
@@ -138,7 +144,12 @@ def test_quantized_weights_need_a_16_bit_model() -> None:
     """FP8, AWQ and GPTQ support only fp16/bf16 activations (get_supported_act_dtypes): a
     Gemma 3 AWQ checkpoint, which runs in float32 on a T4, cannot run there."""
     refused = quantization.refusal(
-        "awq", gpu=find_gpu("T4"), dtype="float32", engine="vllm", device="cuda"
+        "awq",
+        gpu=find_gpu("T4"),
+        dtype="float32",
+        engine="vllm",
+        device="cuda",
+        release=CURRENT_VLLM.release,
     )
     assert refused is not None and "float32" in refused
     with pytest.raises(InvalidSettingError, match="float32"):
@@ -283,6 +294,7 @@ def test_a_fixed_kv_cache_larger_than_the_gpu_does_not_fit() -> None:
         load_spec(LLAMA_8B),
         hardware=Hardware.from_gpu("L4"),
         settings=EngineSettings(max_model_len=4096, kv_cache_memory_bytes=20 * GiB),
+        version=CURRENT_VLLM,
     )
     assert not b.fits and b.overcommitted_bytes > 0
 

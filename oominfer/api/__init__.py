@@ -31,10 +31,11 @@ from oominfer.memory.weights import resolve_dtype
 from oominfer.model.load import load_spec
 from oominfer.model.spec import ModelSpec
 from oominfer.planning.constraints import Constraints
+from oominfer.planning.context import PlanningContext, engine_release, make_context
 from oominfer.planning.document import Plan
 from oominfer.planning.planner import plan as _plan
 from oominfer.planning.record import make_plan
-from oominfer.rules.versions import LATEST_VLLM, EngineVersion
+from oominfer.rules.versions import EngineVersion
 from oominfer.settings import Engine, EngineSettings, flag
 
 ModelLike = ModelSpec | str
@@ -94,7 +95,7 @@ def estimate(
     Raises:
         InvalidSettingError: settings that cannot work with this model or hardware.
     """
-    version = EngineVersion.parse(engine_version or default_engine_version())
+    version = EngineVersion.parse(engine_release(engine_version))
     spec = _model(model)
     settings = settings or EngineSettings()
     spec.check_context(settings.max_model_len)
@@ -105,21 +106,6 @@ def estimate(
         engine=engine,
         version=version,
     )
-
-
-def default_engine_version() -> str:
-    """The vLLM release plans are made for unless told: the installed one, else the latest
-    (rules/versions.py)."""
-    from oominfer.rules.installed import vllm_release
-
-    latest = ".".join(map(str, LATEST_VLLM.release))
-    return vllm_release() or latest
-
-
-def _with_version(c: Constraints) -> Constraints:
-    if c.engine_version is not None:
-        return c
-    return dataclasses.replace(c, engine_version=default_engine_version())
 
 
 def _check_request(spec: ModelSpec, hardware: Hardware, c: Constraints) -> None:
@@ -166,10 +152,24 @@ def plan(model: ModelLike, hardware: Hardware, constraints: Constraints | None =
         DoesNotFitError: nothing fits; the message gives the shortfall and the ways out.
         InvalidSettingError: constraints that cannot hold on this hardware.
     """
+    ctx = _context(model, hardware, constraints, None)
+    c = ctx.constraints
+    return make_plan(ctx.spec, hardware, c, _plan(ctx.spec, hardware, c),
+                     engine_version=_planned_for(c))  # fmt: skip
+
+
+def _context(
+    model: ModelLike,
+    hardware: Hardware,
+    constraints: Constraints | None,
+    note: Callable[[str], None] | None,
+) -> PlanningContext:
+    """The planning context of a request, made once here at the boundary: the engine
+    release resolved, the budget within what is free, the request checked."""
     spec = _model(model)
-    c = _with_version(_within_free(hardware, constraints or Constraints(), None))
-    _check_request(spec, hardware, c)
-    return make_plan(spec, hardware, c, _plan(spec, hardware, c), engine_version=_planned_for(c))
+    ctx = make_context(spec, hardware, _within_free(hardware, constraints or Constraints(), note))
+    _check_request(spec, hardware, ctx.constraints)
+    return ctx
 
 
 def _planned_for(c: Constraints) -> str | None:
@@ -241,10 +241,9 @@ def fit(
     from oominfer.verify.fit import fit as fit_model
     from oominfer.verify.prober import EngineProber
 
-    spec = _model(model)
     listener = listener or FitListener()
-    c = _with_version(_within_free(hardware, constraints or Constraints(), listener.on_note))
-    _check_request(spec, hardware, c)
+    ctx = _context(model, hardware, constraints, listener.on_note)
+    spec, c = ctx.spec, ctx.constraints
     installed = engine_installed(c.engine)
     if verify and not installed:
         raise InvalidSettingError(

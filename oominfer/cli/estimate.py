@@ -72,10 +72,10 @@ def estimate(model: str, revision: str | None, as_json: bool, **opts: Any) -> No
     settings = build_settings(opts)
     hardware = build_hardware(opts)
     spec = load_model(model, revision=revision)
-    from oominfer.api import default_engine_version
+    from oominfer.planning.context import engine_release
     from oominfer.rules.versions import EngineVersion
 
-    release = opts.get("engine_version") or default_engine_version()
+    release = engine_release(opts.get("engine_version"))
     if opts.get("max_model_len") == AUTO:
         settings = _auto_fit(spec, hardware, settings, opts["engine"], release)
     b = run_estimate(spec, hardware, settings, engine=opts["engine"], engine_version=release)

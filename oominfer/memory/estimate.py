@@ -48,7 +48,7 @@ from oominfer.rules.attention import (
     triton_mla_workspace_bytes,
 )
 from oominfer.rules.parallel import tensor_parallel_refusal
-from oominfer.rules.versions import CURRENT_VLLM, EngineVersion
+from oominfer.rules.versions import EngineVersion
 from oominfer.settings import Engine, EngineSettings, flag
 
 
@@ -58,7 +58,7 @@ def estimate(
     hardware: Hardware,
     settings: EngineSettings,
     engine: Engine = "vllm",
-    version: EngineVersion = CURRENT_VLLM,
+    version: EngineVersion,
 ) -> MemoryBreakdown:
     """Memory needed to serve ``spec`` on ``hardware`` with ``settings``, per GPU.
 
@@ -98,7 +98,7 @@ def estimate(
                 "or checkpoint.",
             )
     kv_elem = kv_dtype_bytes(s.kv_cache_dtype, dtype)
-    max_len = s.max_model_len or spec.default_max_model_len or spec.max_position_embeddings
+    max_len = spec.context(s.max_model_len)
     default_tokens, default_seqs = vllm_defaults(hardware, world_size=s.world_size)
     seqs = s.max_num_seqs or default_seqs
     batched = s.max_num_batched_tokens or min(default_tokens, seqs * max_len)

@@ -7,11 +7,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from oominfer.model.spec import ModelSpec
-from oominfer.rules.versions import CURRENT_VLLM, EngineVersion
+from oominfer.rules.versions import EngineVersion
 
 
 def kv_bytes_per_token_layer(
-    spec: ModelSpec, *, kv_bytes: int, tp: int, version: EngineVersion = CURRENT_VLLM
+    spec: ModelSpec, *, kv_bytes: int, tp: int, version: EngineVersion
 ) -> int:
     """KV-cache bytes one token takes in one attention layer on one GPU.
 

@@ -8,7 +8,7 @@ from typing import Final
 from oominfer.base.units import GiB, MiB
 from oominfer.hardware.hardware import Hardware
 from oominfer.model.spec import ModelSpec
-from oominfer.rules.versions import CURRENT_VLLM, EngineVersion
+from oominfer.rules.versions import EngineVersion
 
 # Memory the engine holds after profiling beyond weights and activations: cuBLAS and
 # attention workspaces, persistent input and sampler buffers; with tensor parallelism the
@@ -51,6 +51,18 @@ def vllm_defaults(hardware: Hardware, *, world_size: int = 1) -> tuple[int, int]
     return 2048, 256
 
 
+def forward_bytes(spec: ModelSpec, *, tokens: int, dtype_size: int, tp: int) -> int:
+    """Peak of one forward pass over ``tokens`` tokens above the weights: per token, a few
+    hidden-size temporaries plus the fused QKV output and the MLP's gate/up output and
+    activation (experts: top-k of them), split across TP ranks. The same in every engine."""
+    inter = spec.intermediate_size
+    if spec.is_moe:
+        inter = max(spec.moe_intermediate_size * max(spec.num_experts_per_tok, 1), inter)
+    qkv = (spec.num_attention_heads + 2 * spec.num_kv_heads) * spec.head_dim
+    per_token = HIDDEN_TEMPORARIES * spec.hidden_size + (MLP_TEMPORARIES * inter + qkv) // tp
+    return tokens * per_token * dtype_size
+
+
 def activation_bytes(
     spec: ModelSpec,
     *,
@@ -58,7 +70,7 @@ def activation_bytes(
     seqs: int,
     dtype_size: int,
     tp: int,
-    version: EngineVersion = CURRENT_VLLM,
+    version: EngineVersion,
 ) -> int:
     """Peak of vLLM's profiling run above the weights: a forward pass over ``tokens`` tokens
     (max_num_batched_tokens), then the dummy sampler over ``min(tokens, seqs)`` rows of logits.
@@ -68,12 +80,7 @@ def activation_bytes(
     Sampler: logits [rows, vocab] in the model dtype; the V1 runner adds fp32 logits,
     softmax probabilities and exponential noise (3 x 4 bytes per logit).
     """
-    inter = spec.intermediate_size
-    if spec.is_moe:
-        inter = max(spec.moe_intermediate_size * max(spec.num_experts_per_tok, 1), inter)
-    qkv = (spec.num_attention_heads + 2 * spec.num_kv_heads) * spec.head_dim
-    per_token = HIDDEN_TEMPORARIES * spec.hidden_size + (MLP_TEMPORARIES * inter + qkv) // tp
-    forward = tokens * per_token * dtype_size
+    forward = forward_bytes(spec, tokens=tokens, dtype_size=dtype_size, tp=tp)
     rows = min(tokens, seqs)
     sampler = rows * spec.vocab_size * (dtype_size + version.sampler_bytes_per_logit_fp32)
     return forward + sampler

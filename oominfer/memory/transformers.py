@@ -6,7 +6,7 @@ from typing import Final
 
 from oominfer.base.units import MiB
 from oominfer.memory.breakdown import MemoryBreakdown
-from oominfer.memory.profile import activation_bytes
+from oominfer.memory.profile import forward_bytes
 from oominfer.model.spec import ModelSpec
 
 # The transformers engine keeps the CUDA context and cuBLAS workspace beside the weights.
@@ -30,7 +30,7 @@ def transformers_breakdown(
     """transformers generate(): a dynamic KV cache per sequence (no paging, no pool), a
     prefill peak over one full-length prompt (oominfer's server prefills one sequence at a
     time; SDPA keeps no n^2 attention matrix), and fp32 logits of the last position only."""
-    activation = activation_bytes(spec, tokens=max_len, seqs=0, dtype_size=elem, tp=tp)
+    activation = forward_bytes(spec, tokens=max_len, dtype_size=elem, tp=tp)
     activation += seqs * spec.vocab_size * 4 * 2  # fp32 logits and their softmax
     kv_cache = budget - weights - activation - TRANSFORMERS_OVERHEAD_BYTES
     per_seq = per_token * max_len + state_per_seq

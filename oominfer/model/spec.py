@@ -179,6 +179,11 @@ class ModelSpec:
                 hint=f"Pass {flag} {limit} or less.",
             )
 
+    def context(self, requested: int | None) -> int:
+        """The context vLLM serves when asked for ``requested`` tokens (None: its default,
+        derived from config.json; LongRoPE models start at their original length)."""
+        return requested or self.default_max_model_len or self.max_position_embeddings
+
     @property
     def is_mla(self) -> bool:
         """True for multi-head latent attention (DeepSeek V2/V3/R1)."""

@@ -90,19 +90,24 @@ class Constraints:
                 f"--max-model-len {self.max_model_len} is below --min-context {self.min_context}."
             )
 
+    def context_cap(self, trained: int) -> int:
+        """The longest context a plan may have: the user's max_model_len, else the model's
+        trained length (the one rule; ``PlanningContext.context_cap`` asks it)."""
+        return min(trained, self.max_model_len or trained)
+
     def floor(self, trained: int) -> int:
         """The context below which a plan only goes when nothing else is left."""
-        cap = min(trained, self.max_model_len or trained)
-        return min(self.min_context or PRACTICAL_CONTEXT, cap)
+        return min(self.min_context or PRACTICAL_CONTEXT, self.context_cap(trained))
 
     def hard_floor(self, trained: int) -> int:
         """The context no plan goes below: --min-context, else SHORTEST_CONTEXT (capped)."""
-        cap = min(trained, self.max_model_len or trained)
-        return self.min_context or min(SHORTEST_CONTEXT, cap)
+        return self.min_context or min(SHORTEST_CONTEXT, self.context_cap(trained))
 
     @property
     def vllm_version(self) -> EngineVersion:
-        """The vLLM release whose memory profile and rules the plan follows."""
+        """The vLLM release whose memory profile and rules the plan follows: the one the
+        planning context resolved (``oominfer.planning.context``); constraints that never went
+        through it (library calls straight into the planner) follow the latest release."""
         return EngineVersion.parse(self.engine_version) if self.engine_version else LATEST_VLLM
 
     @property

