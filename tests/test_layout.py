@@ -155,3 +155,26 @@ def test_the_top_level_keeps_at_most_eight_files() -> None:
 @pytest.mark.parametrize("step", [*STEPS, "report", "cli"])
 def test_each_step_is_a_folder(step: str) -> None:
     assert (PACKAGE / step / "__init__.py").is_file()
+
+
+ONE_DECLARATION = (
+    "max_num_seqs", "enforce_eager", "kv_cache_dtype", "gpu_memory_utilization",
+    "max_num_batched_tokens",
+)  # fmt: skip
+"""Engine settings whose flag no product file spells but their declaration: messages, help
+and argv take it from ``oominfer.settings`` (``flag("max_num_seqs")``, ``engine_args``)."""
+
+
+@pytest.mark.parametrize("name", ONE_DECLARATION)
+def test_an_engine_flag_is_spelt_only_where_it_is_declared(name: str) -> None:
+    import re
+
+    from oominfer.settings import flag
+
+    spelt = re.compile(re.escape(flag(name)) + r"(?![\w-])")
+    files = sorted(
+        str(path.relative_to(PACKAGE.parent))
+        for path in PACKAGE.rglob("*.py")
+        if spelt.search(path.read_text(encoding="utf-8"))
+    )
+    assert files in ([], ["oominfer/settings/__init__.py"]), files
