@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import shlex
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +14,7 @@ from _pure_fixtures import offline_hub  # noqa: F401 - autouse fixture
 from click.testing import CliRunner
 
 from oominfer.cli import main
+from oominfer.k8s.options import K8sOptions
 
 OPTIONS_PY = Path(__file__).resolve().parents[1] / "oominfer" / "cli" / "options.py"
 
@@ -151,3 +153,26 @@ def test_the_offline_examples_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         assert result.exit_code in allowed, (argv, result.output)
     assert (tmp_path / "plan.json").is_file()
     assert (tmp_path / "deploy" / "qwen3-8b" / "kustomization.yaml").is_file()
+
+
+def test_every_k8s_option_says_what_it_is() -> None:
+    # K8sOptions is what `oominfer k8s` and the Python API take: each field has a docstring.
+    source = (OPTIONS_PY.parents[1] / "k8s" / "options.py").read_text()
+    (cls,) = [
+        node
+        for node in ast.parse(source).body
+        if isinstance(node, ast.ClassDef) and node.name == "K8sOptions"
+    ]
+    body = cls.body
+    fields = [(i, n) for i, n in enumerate(body) if isinstance(n, ast.AnnAssign)]
+    assert len(fields) == len(dataclasses.fields(K8sOptions))
+    bare = [
+        ast.unparse(node.target)
+        for i, node in fields
+        if not (
+            i + 1 < len(body)
+            and isinstance(body[i + 1], ast.Expr)
+            and isinstance(getattr(body[i + 1], "value", None), ast.Constant)
+        )
+    ]
+    assert not bare, f"K8sOptions fields without a docstring: {bare}"
