@@ -52,6 +52,7 @@ def missing_extras(modules: tuple[str, ...]) -> str | None:
 def needs(*modules: str) -> None:
     """Skip the whole test module, with the reason, unless ``modules`` are installed: call it
     before the module's imports of them (``pytestmark`` comes too late for those)."""
+    __tracebackhide__ = True  # the skip is reported at the test module's line, not here
     reason = missing_extras(modules)
     if reason:
         pytest.skip(reason, allow_module_level=True)
