@@ -9,7 +9,7 @@ VLLM033  = .venv-vllm033
 VLLM033_STAMP = $(VLLM033)/.installed
 export OOMINFER_VLLM033_PYTHON = $(CURDIR)/$(VLLM033)/bin/python
 
-.PHONY: demo test check lint typecheck pytest bench manifests clean
+.PHONY: demo test test-base check lint typecheck pytest bench manifests clean
 
 $(BIN)/oominfer:
 	$(PY) -m venv $(VENV)
@@ -41,6 +41,12 @@ test: $(STAMP) $(VLLM033_STAMP) check  ## the whole suite, engine tests included
 
 check: lint typecheck pytest
 
+BASE = .venv-base
+test-base:  ## the fast suite in a base install (no extras): tests that need one skip, saying why
+	$(PY) -m venv $(BASE)
+	$(BASE)/bin/pip install -q -e . pytest
+	$(BASE)/bin/pytest -m "not slow"
+
 lint: $(STAMP)
 	$(BIN)/ruff check oominfer tests bench tools
 	$(BIN)/ruff format --check oominfer tests bench tools
@@ -60,4 +66,4 @@ manifests: $(BIN)/oominfer  ## regenerate deploy/k8s from its plans
 	$(BIN)/python tools/make_k8s_examples.py
 
 clean:
-	rm -rf $(VENV) $(VLLM033) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM033) $(BASE) .pytest_cache .mypy_cache .ruff_cache

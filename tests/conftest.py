@@ -16,6 +16,7 @@ _TESTS = str(Path(__file__).resolve().parent)
 if _TESTS not in sys.path:
     sys.path.insert(0, _TESTS)
 
+from extras import missing_extras  # noqa: E402
 from fake_engine import fake_python  # noqa: E402
 from models import build_model  # noqa: E402
 
@@ -42,6 +43,15 @@ def _isolated_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
         # product's own workaround, probed once (engines get it from engine_env).
         apply_in_process()
         yield
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Skip, with the reason, each test marked ``needs(...)`` whose modules are absent."""
+    for item in items:
+        for marker in item.iter_markers("needs"):
+            reason = missing_extras(tuple(marker.args))
+            if reason:
+                item.add_marker(pytest.mark.skip(reason=reason))
 
 
 @functools.cache
@@ -92,15 +102,24 @@ TINY_OTHER = dict(
 )  # fmt: skip
 
 
+def _needs_model_building() -> None:
+    """Skip the test, saying why, where torch, transformers or tokenizers are missing."""
+    reason = missing_extras(("torch", "transformers", "tokenizers"))
+    if reason:
+        pytest.skip(reason)
+
+
 @pytest.fixture(scope="session")
 def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 2-layer random-weight Llama (GQA 4/2, head_dim 32) with a tokenizer, built once."""
+    _needs_model_building()
     return build_model(tmp_path_factory.mktemp("models") / "tiny-llama", **TINY_LLAMA)  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="session")
 def tiny_other(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 3-layer random-weight Qwen2 (MHA 4 heads, head_dim 128) with a tokenizer, built once."""
+    _needs_model_building()
     return build_model(tmp_path_factory.mktemp("models") / "tiny-qwen2", **TINY_OTHER)  # type: ignore[arg-type]
 
 

@@ -114,8 +114,16 @@ def test_where_amx_traps_the_engine_starts_without_it(
     site = Path(built.env["PYTHONPATH"].split(os.pathsep)[0])
     assert site.parent == _own_cache / "cpu"  # in the cache: no temporary folder left behind
     assert "_is_amx_tile_supported = lambda: False" in (site / "sitecustomize.py").read_text()
+
+
+@pytest.mark.needs("torch")
+def test_a_child_on_the_trap_environment_runs_torch_without_amx(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     # A real child on that environment: torch says no AMX (what vLLM picks its kernels from),
     # and its bf16 matmul runs below AMX.
+    simulate(monkeypatch, SIGILL)
+    built = engine_env(EngineSettings(), device="cpu", engine="vllm")
     code = (
         "import os, torch\n"
         "print(torch.cpu._is_amx_tile_supported(), os.environ['ONEDNN_MAX_CPU_ISA'])\n"

@@ -53,11 +53,22 @@ def test_load_model_unknown_offline_is_model_not_found() -> None:
 def test_estimate_without_settings_is_vllms_defaults() -> None:
     model = oominfer.load_model(LLAMA_8B)
     l4 = oominfer.Hardware.from_gpu("L4")
-    got = oominfer.estimate(model, l4)
-    version = EngineVersion.parse(engine_release(None))  # named, else installed, else latest
-    assert got == estimate_breakdown(model, hardware=l4, settings=EngineSettings(), version=version)
+    # The release is named on both sides: this test is about the settings.
+    got = oominfer.estimate(model, l4, engine_version="0.33")
+    assert got == estimate_breakdown(
+        model, hardware=l4, settings=EngineSettings(), version=EngineVersion.parse("0.33")
+    )
     assert not got.fits  # 131,072 tokens of bf16 KV do not fit next to 15 GiB of weights
-    assert oominfer.estimate(LLAMA_8B, l4) == got  # a name is loaded first
+    assert oominfer.estimate(LLAMA_8B, l4, engine_version="0.33") == got  # a name is loaded first
+
+
+def test_estimate_follows_the_resolved_default_release() -> None:
+    # No release named: the one the API resolves (the installed vLLM's, else the latest),
+    # whichever vLLM this Python has.
+    default = engine_release(None)
+    assert oominfer.estimate(LLAMA_8B, oominfer.Hardware.from_gpu("L4")) == oominfer.estimate(
+        LLAMA_8B, oominfer.Hardware.from_gpu("L4"), engine_version=default
+    )
 
 
 def test_estimate_rejects_an_impossible_layout() -> None:

@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from _pure_fixtures import offline_hub  # noqa: F401 - autouse fixture
+from _scripts import REPO, load_script
 from click.testing import CliRunner
 
 import oominfer.api
 from oominfer import cli
 from oominfer.base.errors import (
+    EXIT_CODES,
     CorruptWeightsError,
     DoesNotFitError,
     ExitStatus,
@@ -27,6 +32,10 @@ from oominfer.base.errors import (
     UnknownGpuError,
     UnsupportedConfigError,
 )
+from oominfer.serving.run import ServeExit
+
+README = REPO / "README.md"
+README_TOOL = load_script("tools/readme_exit_codes.py")
 
 
 def test_exit_status_values() -> None:
@@ -37,8 +46,44 @@ def test_exit_status_values() -> None:
         "DOES_NOT_FIT": 3,
         "PROBE_FAILED": 4,
         "MODEL_ERROR": 5,
+        "CUT_SHORT": 6,
         "INTERRUPTED": 130,
     }
+
+
+def test_every_code_has_its_meaning_written_once() -> None:
+    assert list(EXIT_CODES) == sorted(ExitStatus)
+    assert all(meaning and meaning == meaning.strip() for meaning in EXIT_CODES.values())
+
+
+def test_serve_ends_with_codes_of_the_table() -> None:
+    assert {int(code) for code in ServeExit} <= {int(code) for code in EXIT_CODES}
+    assert ServeExit.DOES_NOT_FIT == ExitStatus.DOES_NOT_FIT
+    assert ServeExit.ENGINE_FAILED == ExitStatus.PROBE_FAILED
+
+
+def test_the_readme_table_is_rendered_from_the_code() -> None:
+    readme = README.read_text()
+    assert README_TOOL.rendered(readme) == readme, (
+        "README.md's Exit codes table differs from EXIT_CODES in oominfer/base/errors.py: "
+        "run `python tools/readme_exit_codes.py` to render it again."
+    )
+    assert "| 6 | `serve` only:" in readme and "| 130 | interrupted" in readme
+
+
+def test_the_readme_tool_rewrites_a_drifted_table(tmp_path: Path) -> None:
+    readme = tmp_path / "README.md"
+    drifted = README.read_text().replace("| 3 | does not fit", "| 3 | it did not fit")
+    readme.write_text(drifted)
+    assert README_TOOL.rendered(drifted) != drifted
+    done = subprocess.run(
+        [sys.executable, str(REPO / "tools" / "readme_exit_codes.py"), "--readme", str(readme)],
+        capture_output=True, text=True, check=False, env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert readme.read_text() == README.read_text()
+    with pytest.raises(ValueError, match="markers"):
+        README_TOOL.rendered("# a README without the table\n")
 
 
 ERROR_STATUS = [
@@ -117,11 +162,13 @@ def test_does_not_fit_carries_the_shortfall() -> None:
     assert DoesNotFitError("x").shortfall_bytes == 0
 
 
-def test_cli_help_documents_the_codes() -> None:
-    result = CliRunner().invoke(cli.main, ["--help"])
+@pytest.mark.parametrize("command", [[], ["serve"]])
+def test_cli_help_documents_the_codes(command: list[str]) -> None:
+    result = CliRunner().invoke(cli.main, [*command, "--help"])
     assert result.exit_code == 0, result.output
-    for text in ("0 success", "2 bad flags", "3 does not fit", "5 the model", "130 interrupted"):
-        assert text in " ".join(result.stdout.split())
+    text = " ".join(result.stdout.split())
+    for code, meaning in EXIT_CODES.items():
+        assert f"{int(code)} {meaning}" in text
 
 
 @pytest.mark.parametrize(("error", "status"), ERROR_STATUS)

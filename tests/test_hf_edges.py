@@ -20,9 +20,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
-from test_hf_server import (
+from extras import TRANSFORMERS_SERVER, needs
+
+# Where these are not installed (a base install), the module skips, saying why.
+needs("httpx", "openai", *TRANSFORMERS_SERVER, "tokenizers")
+import httpx  # noqa: E402
+from test_hf_server import (  # noqa: E402
     API_KEY,
     HfServer,
     assert_openai_error,

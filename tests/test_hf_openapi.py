@@ -13,7 +13,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_hf_server import API_KEY, HfServer
+from extras import TRANSFORMERS_SERVER, needs
+
+# Where these are not installed (a base install), the module skips, saying why.
+needs("httpx", "openai", *TRANSFORMERS_SERVER, "tokenizers", "schemathesis")
+from test_hf_server import API_KEY, HfServer  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -22,10 +22,14 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import httpx
-import openai
 import pytest
 from engine_util import free_port
+from extras import TRANSFORMERS_SERVER, needs
+
+# Where these are not installed (a base install), the module skips, saying why.
+needs("httpx", "openai", *TRANSFORMERS_SERVER, "tokenizers")
+import httpx  # noqa: E402
+import openai  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from _pure_fixtures import offline_hub  # noqa: F401 - autouse fixture
 
+REPO = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "vllm", "transformers")
 HUB = ("huggingface_hub",)
 
@@ -39,7 +40,10 @@ def loaded_after(code: str, cwd: Path) -> list[str]:
         f"names = {list(HEAVY + HUB)!r}\n"
         "print(json.dumps(sorted(n for n in names if n in sys.modules)))\n"
     )
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+    # The checkout under test, not whichever oominfer this Python has installed (a worktree's
+    # tests run in another checkout's venv).
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": path}
     # Run from an empty folder so that nothing there shadows a module.
     out = subprocess.run(
         [sys.executable, "-c", script],

@@ -11,12 +11,12 @@ import pytest
 from _pure_fixtures import offline_hub  # noqa: F401 - autouse fixture
 from checkpoints import TINY_CONFIG, llama_tensors, model_folder, write_safetensors
 from click.testing import CliRunner
+from extras import TRANSFORMERS_SERVER
 from test_api import _ReadyProber
 
 import oominfer
 from oominfer.cli import main
 from oominfer.engines.command import engine_argv
-from oominfer.engines.transformers.config import parse_args, resolve_config
 from oominfer.hardware.hardware import Hardware
 from oominfer.planning.constraints import Constraints
 from oominfer.rules import installed
@@ -52,7 +52,11 @@ def test_the_engine_is_told_the_revision(engine: Any) -> None:
     assert "--revision" not in plain
 
 
+@pytest.mark.needs(*TRANSFORMERS_SERVER)
 def test_the_transformers_server_reads_the_revision(tmp_path: Path) -> None:
+    # Importing the server's package loads torch and its HTTP stack.
+    from oominfer.engines.transformers.config import parse_args, resolve_config
+
     config = resolve_config(parse_args(["--model", "acme/tiny", "--revision", "v1"]))
     assert config.revision == "v1"
     plan = oominfer.Plan(model_id="acme/tiny", revision="v2", engine="transformers")

@@ -20,15 +20,19 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 from engine_util import MARK_VARIABLE, leftovers, wait_until_gone
+from extras import needs
 
 from oominfer.base.errors import InvalidSettingError
 from oominfer.planning.document import Plan
 from oominfer.runtime.process import free_port
 from oominfer.serving.run import ServeExit, run
 from oominfer.settings import EngineSettings
+
+# Where these are not installed (a base install), the module skips, saying why.
+needs("httpx", "uvicorn")
+import httpx  # noqa: E402
 
 DRIVER = """
 import os, sys

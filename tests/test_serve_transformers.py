@@ -17,13 +17,17 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 from engine_util import MARK_VARIABLE, leftovers, wait_until_gone
+from extras import TRANSFORMERS_SERVER, needs
 
 from oominfer.planning.document import Plan
 from oominfer.runtime.process import free_port
 from oominfer.settings import EngineSettings
+
+# Where these are not installed (a base install), the module skips, saying why.
+needs("httpx", "uvicorn", *TRANSFORMERS_SERVER, "tokenizers")
+import httpx  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -18,11 +18,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from engine_util import MARK_VARIABLE, leftovers, wait_until_gone
+from extras import needs
 
 from oominfer.runtime.process import free_port
+
+# Where these are not installed (a base install), the module skips, saying why.
+needs("httpx", "uvicorn", "openai")
+import httpx  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -3,26 +3,61 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
-from typing import Any, ClassVar
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
+from typing import Any, ClassVar, Final
 
 
 class ExitStatus(enum.IntEnum):
-    """Process exit codes of the ``oominfer`` command; documented in ``--help`` and README."""
+    """Process exit codes of the ``oominfer`` command (what each means: ``EXIT_CODES``)."""
 
     SUCCESS = 0
     ERROR = 1
-    """An unexpected failure, or an expected one with no more specific code."""
     USAGE = 2
-    """Bad flags: an impossible setting, an unknown GPU, a dtype the GPU cannot run."""
     DOES_NOT_FIT = 3
-    """The model cannot fit the given hardware under the given constraints."""
     PROBE_FAILED = 4
-    """The engine failed for a reason other than memory."""
     MODEL_ERROR = 5
-    """The model cannot be read: unknown id, gated, offline, malformed config or weights."""
+    CUT_SHORT = 6
     INTERRUPTED = 130
-    """Ctrl-C (128 + SIGINT)."""
+
+
+EXIT_CODES: Final[Mapping[ExitStatus, str]] = MappingProxyType(
+    {
+        ExitStatus.SUCCESS: "success",
+        ExitStatus.ERROR: "unexpected error",
+        ExitStatus.USAGE: (
+            "bad flags or input files: an impossible setting, a context above the model's "
+            "trained length, an unknown GPU, a dtype the GPU cannot run, a plan file that is "
+            "missing, empty, malformed, of another version or with an impossible layout, an "
+            "output that cannot be written, an engine that is not installed"
+        ),
+        ExitStatus.DOES_NOT_FIT: (
+            "does not fit (`serve`: the engine failed at start for lack of memory)"
+        ),
+        ExitStatus.PROBE_FAILED: (
+            "the engine failed for a reason other than memory, at start or while serving (the "
+            "message names its log)"
+        ),
+        ExitStatus.MODEL_ERROR: (
+            "the model cannot be read: unknown, gated, offline, malformed config.json or "
+            "safetensors, an incomplete download (shards or layers missing)"
+        ),
+        ExitStatus.CUT_SHORT: (
+            "`serve` only: a signal stopped it and requests still in flight after the grace "
+            "period were ended with an error (0 when all finished)"
+        ),
+        ExitStatus.INTERRUPTED: "interrupted (Ctrl-C: 128 + SIGINT)",
+    }
+)
+"""What each exit code means: the one table that ``oominfer --help``, ``oominfer serve
+--help`` and README's "Exit codes" are rendered from (tests/test_exit_status.py fails when the
+README drifts; ``python tools/readme_exit_codes.py`` rewrites it)."""
+
+
+def exit_codes_markdown() -> str:
+    """``EXIT_CODES`` as README's Markdown table."""
+    rows = [f"| {int(code)} | {meaning} |" for code, meaning in EXIT_CODES.items()]
+    return "\n".join(["| code | meaning |", "|---|---|", *rows]) + "\n"
 
 
 class OominferError(Exception):

@@ -1,30 +1,19 @@
-"""The ``oominfer`` command group: expected failures become a message and an exit code.
-
-\b
-Exit codes: 0 success; 1 unexpected error; 2 bad flags or input files (an impossible
-setting, an unknown GPU, a dtype the GPU cannot run, a plan file that cannot be read, an
-output that cannot be written, an engine that is not installed); 3 does not fit; 4 the
-engine failed for a reason other than memory; 5 the model cannot be read (unknown, gated,
-offline, malformed, incomplete); 130 interrupted.
-
-\b
-With --json, every failure is one JSON object on stdout: {"error": KIND, "exit_code": N,
-"message": ..., "hint": ...}, plus "shortfall_bytes" and "ways_out" when it does not fit.
-NO_COLOR=1 turns colour off.
-"""
+"""The ``oominfer`` command group: its help, and expected failures shown as one message and an
+exit code (the codes and their meanings: ``EXIT_CODES`` in oominfer/base/errors.py)."""
 
 from __future__ import annotations
 
 import json
 import os
 import sys
+import textwrap
 import traceback
-from collections.abc import Sequence
-from typing import Any, NoReturn
+from collections.abc import Iterable, Sequence
+from typing import Any, Final, NoReturn
 
 import click
 
-from oominfer.base.errors import ExitStatus, OominferError
+from oominfer.base.errors import EXIT_CODES, ExitStatus, OominferError
 from oominfer.base.version import __version__
 from oominfer.report.shapes import error_json, error_json_of
 
@@ -111,9 +100,57 @@ def _fail(as_json: bool, kind: str, code: int, message: str, hint: str | None = 
     sys.exit(code)
 
 
-@click.group(
-    cls=OominferGroup, context_settings={"help_option_names": ["-h", "--help"]}, help=__doc__
+HELP: Final = """Make a large language model fit the GPU you have, prove it, serve it.
+
+oominfer reads the model's config.json and weight sizes (a local folder, the Hugging Face
+cache, its built-in catalog or the Hub), predicts the memory vLLM will use, and turns the
+levers (context length, FP8 KV cache, quantization, more GPUs, ...) until the model fits,
+saying why for each. It then proves the plan by launching the real engine, serves it behind
+the OpenAI API, and writes the Kubernetes manifests that run it.
+
+\b
+Examples:
+  oominfer estimate Qwen/Qwen3-8B --gpu L4          # will it fit? (offline)
+  oominfer fit Qwen/Qwen3-8B --gpu L4 -o plan.json  # plan, verify, write
+  oominfer serve plan.json --port 8000              # OpenAI API on :8000
+  oominfer k8s plan.json -o deploy/qwen3-8b         # Kubernetes manifests
+  oominfer gpus                                     # the GPUs --gpu takes
+  oominfer models                                   # models known offline
+
+`oominfer COMMAND --help` shows a command's flags.
+"""
+
+
+def exit_codes_help(codes: Iterable[int] = EXIT_CODES) -> str:
+    """The exit codes ``codes`` with their meanings from ``EXIT_CODES``, as a --help epilog
+    (a paragraph click keeps as written, wrapped here)."""
+    lines = ["\b", "Exit codes:"]
+    for code in codes:
+        meaning = EXIT_CODES[ExitStatus(code)]
+        lines += textwrap.wrap(
+            meaning, width=79, initial_indent=f"  {int(code):<4} ", subsequent_indent=" " * 7
+        )
+    return "\n".join(lines)
+
+
+EPILOG: Final = (
+    exit_codes_help()
+    + """
+
+A failure is one `Error:` line and at most one `Hint:` line on stderr; with --json, one JSON
+object on stdout: {"error": KIND, "exit_code": N, "message": ..., "hint": ...}, plus
+"shortfall_bytes" and "ways_out" when it does not fit. OOMINFER_DEBUG=1 shows the traceback of
+an expected error; NO_COLOR=1 turns colour off.
+"""
 )
-@click.version_option(__version__, prog_name="oominfer")
+
+
+@click.group(
+    cls=OominferGroup,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    help=HELP,
+    epilog=EPILOG,
+)
+@click.version_option(__version__, prog_name="oominfer", help="Show the version and exit.")
 def main() -> None:
-    """Make a large language model fit the GPU you have."""
+    """The group itself does nothing: each command is added by oominfer/cli/app.py."""

@@ -40,7 +40,12 @@ _DEFAULTS = K8sOptions()
     help="Pods, one replica each (default: the replicas the plan's GPUs serve).",
 )
 @click.option("--storage-class", help="StorageClass of the model cache (default: the cluster's).")
-@click.option("--gpu-label-key", default=_DEFAULTS.gpu_label_key, show_default=True)
+@click.option(
+    "--gpu-label-key",
+    default=_DEFAULTS.gpu_label_key,
+    show_default=True,
+    help="Node label that names the GPU product (GKE: cloud.google.com/gke-accelerator).",
+)
 @click.option("--gpu-product", help="Value of the GPU label (default: the plan's product label).")
 @click.option(
     "--gpus-per-node",
@@ -50,7 +55,12 @@ _DEFAULTS = K8sOptions()
     help="A plan needing more GPUs becomes a multi-node LeaderWorkerSet.",
 )
 @click.option("--runtime-class", help="runtimeClassName of the pods (e.g. nvidia).")
-@click.option("--hf-token-secret", default=_DEFAULTS.hf_token_secret, show_default=True)
+@click.option(
+    "--hf-token-secret",
+    default=_DEFAULTS.hf_token_secret,
+    show_default=True,
+    help="Secret whose key 'token' the pods read as HF_TOKEN, for gated models (optional).",
+)
 @click.option("--pdb", is_flag=True, help="Add a PodDisruptionBudget.")
 @click.option("--hpa", is_flag=True, help="Add an HPA on vllm:num_requests_waiting.")
 @click.option("--keda", is_flag=True, help="Add a KEDA ScaledObject on the same metric.")

@@ -11,6 +11,7 @@ from click.core import ParameterSource
 
 from oominfer.base.errors import InvalidSettingError, PlanError
 from oominfer.cli.fit import fit_from_flags
+from oominfer.cli.group import exit_codes_help
 from oominfer.cli.options import device_of, fit_options
 from oominfer.planning.document import Plan
 from oominfer.settings import Device, Engine
@@ -105,10 +106,12 @@ def check_engine(engine: Engine, device: Device) -> None:
         )
 
 
-@click.command(context_settings={"ignore_unknown_options": True})
+@click.command(context_settings={"ignore_unknown_options": True}, epilog=exit_codes_help())
 @click.argument("target")
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True)
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address of the OpenAI API (0.0.0.0: every interface).")  # fmt: skip
+@click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True,
+              help="Port of the OpenAI API; the engine listens on a private one.")  # fmt: skip
 @click.option("--api-key", envvar="OOMINFER_API_KEY",
               help="Require this bearer token (also $OOMINFER_API_KEY).")  # fmt: skip
 @click.option("--require-verified", is_flag=True, help="Refuse a plan the engine never ran.")
@@ -124,9 +127,8 @@ def serve(ctx: click.Context, /, target: str, host: str, port: int, api_key: str
 
     TARGET is a plan.json written by `oominfer fit`, or a model (then the fit flags apply;
     given with a plan, they are refused rather than ignored). Flags after `--` go to vLLM;
-    one that the plan sets must agree with it. On SIGTERM, SIGINT or SIGHUP it drains: exits 0
-    when every request in flight finished, 6 when some were cut at the end of --grace-period;
-    3 or 4 when the engine fails (for memory, or otherwise).
+    one that the plan sets must agree with it. On SIGTERM, SIGINT or SIGHUP it drains: requests
+    in flight have --grace-period seconds to finish; its exit code says how it ended (below).
 
     \b
     Examples:

@@ -34,6 +34,7 @@ class K8sOptions:
     name: str | None = None
     """Name of every object; None derives it from the model id."""
     replicas: int = 1
+    """Pods, each serving one replica of the plan."""
     storage_class: str | None = None
     """StorageClass of the model cache; None takes the cluster's default."""
     gpu_label_key: str = "nvidia.com/gpu.product"
@@ -43,17 +44,25 @@ class K8sOptions:
     gpus_per_node: int = 8
     """GPUs one node offers: a plan needing more becomes a multi-node LeaderWorkerSet."""
     runtime_class_name: str | None = None
+    """``runtimeClassName`` of the pods (e.g. ``nvidia``); None takes the cluster's default."""
     hf_token_secret: str = "hf-token"
+    """Secret the pods read ``HF_TOKEN`` from (optional: public models need none)."""
     hf_token_key: str = "token"
+    """The key of that Secret that holds the token."""
     run_as_user: int | None = 1000
     """The serve/ image's user; None runs as the image's default user."""
     port: int = 8000
+    """Port of the OpenAI API in the pod, and of the Service."""
     drain_seconds: int = 120
     """Time in-flight requests get to finish after SIGTERM."""
     pdb: bool = False
+    """Add a PodDisruptionBudget."""
     hpa: bool = False
+    """Add a HorizontalPodAutoscaler on ``vllm:num_requests_waiting``."""
     keda: bool = False
+    """Add a KEDA ScaledObject on the same metric (not with ``hpa``)."""
     service_monitor: bool = False
+    """Add a Prometheus ServiceMonitor for ``/metrics``."""
     max_replicas: int | None = None
     """Upper bound for the HPA or KEDA; None is four times ``replicas``."""
     prometheus_url: str = "http://prometheus-operated.monitoring.svc:9090"

@@ -10,10 +10,8 @@ flight, an error event for the streams still open after it, then the engine's wh
 group stopped and reaped, within the grace period plus about 7 seconds. A second signal cuts
 the drain short.
 
-Exit codes (``ServeExit``): 0 a signal stopped it and every request in flight finished; 3 the
-engine failed at start for lack of memory; 4 the engine failed otherwise, at start or while
-serving; 6 a signal stopped it and requests still in flight when the grace period ran out (or
-a second signal came) were ended with an error.
+How it ends is its exit code, ``ServeExit``: the codes of ``oominfer.base.errors.ExitStatus``,
+whose meanings are written once, in ``EXIT_CODES``.
 """
 
 from __future__ import annotations
@@ -52,17 +50,12 @@ ENGINE_STOP_S: Final = 4.0
 
 
 class ServeExit(enum.IntEnum):
-    """How ``oominfer serve`` ended: its exit code."""
+    """How ``oominfer serve`` ended: the exit codes it can give (meanings: ``EXIT_CODES``)."""
 
-    DRAINED = 0
-    """A signal stopped it, and every request in flight finished."""
+    DRAINED = ExitStatus.SUCCESS
     DOES_NOT_FIT = ExitStatus.DOES_NOT_FIT
-    """The engine failed at start for lack of memory."""
     ENGINE_FAILED = ExitStatus.PROBE_FAILED
-    """The engine failed otherwise, at start or while serving."""
-    CUT_SHORT = 6
-    """A signal stopped it; requests still in flight after the grace period (or at a second
-    signal) were ended with an error."""
+    CUT_SHORT = ExitStatus.CUT_SHORT
 
 
 def server_argv(
