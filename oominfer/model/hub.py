@@ -109,7 +109,7 @@ def _network_errors() -> tuple[type[BaseException], ...]:
     mode; requests' connection errors are OSErrors) and the transport errors of the HTTP
     client it runs on (httpx and its successors: ``TransportError``, the base of their
     connect, timeout and protocol errors), found through its public ``get_session()``."""
-    from huggingface_hub.utils import get_session
+    from huggingface_hub import get_session
 
     client = sys.modules[type(get_session()).__module__.partition(".")[0]]
     transport = getattr(client, "TransportError", None)
