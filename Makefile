@@ -9,7 +9,7 @@ VLLM033  = .venv-vllm033
 VLLM033_STAMP = $(VLLM033)/.installed
 export OOMINFER_VLLM033_PYTHON = $(CURDIR)/$(VLLM033)/bin/python
 
-.PHONY: demo test check lint typecheck pytest bench manifests clean
+.PHONY: demo test check lint typecheck pytest bench manifests image image-push clean
 
 $(BIN)/oominfer:
 	$(PY) -m venv $(VENV)
@@ -58,6 +58,19 @@ bench: $(STAMP)
 
 manifests: $(BIN)/oominfer  ## regenerate deploy/k8s from its plans
 	$(BIN)/python tools/make_k8s_examples.py
+
+# The image the manifests run (serve/Dockerfile), tagged as `oominfer k8s` names it by default;
+# IMAGE=REGISTRY/oominfer-serve:TAG for your own registry. Needs a Docker daemon and the
+# vllm/vllm-openai base image reachable (neither is where oominfer is developed).
+VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' oominfer/base/version.py)
+IMAGE   ?= ghcr.io/oominfer/oominfer-serve:$(VERSION)
+
+image:  ## build serve/Dockerfile; the context is what .dockerignore allows (under 1 MB)
+	@docker info >/dev/null 2>&1 || { echo "make image: no Docker daemon answers (docker info failed)" >&2; exit 1; }
+	docker build -f serve/Dockerfile -t $(IMAGE) .
+
+image-push: image  ## push it: then `oominfer k8s plan.json --image $(IMAGE)`
+	docker push $(IMAGE)
 
 clean:
 	rm -rf $(VENV) $(VLLM033) .pytest_cache .mypy_cache .ruff_cache
