@@ -20,7 +20,7 @@ from oominfer.base.units import GiB
 from oominfer.cli.k8s import k8s_command
 from oominfer.k8s import hpa_api, pdb_api
 from oominfer.k8s.versions import KubeVersion
-from oominfer.planning.document import Plan, Prediction
+from oominfer.planning.document import Plan, Prediction, plan_from_json
 from oominfer.settings import VllmSettings
 
 pytestmark = pytest.mark.slow
@@ -42,7 +42,16 @@ def make_plan(*, product: str, tp: int = 1, pp: int = 1, weights: int = 8 * GiB)
     )
 
 
+def committed_plan(folder: str) -> Plan:
+    """An example plan of deploy/k8s: the planner's own choice for a catalog model."""
+    return plan_from_json((DEPLOY / folder / "plan.json").read_text())
+
+
 PLANS = {
+    "example-base": (committed_plan("base"), []),
+    "example-8b-l4": (committed_plan("examples/llama-3.1-8b-l4"), []),
+    "example-70b-tp2": (committed_plan("examples/llama-3.3-70b-2xh100"), []),
+    "example-405b-lws": (committed_plan("examples/llama-3.1-405b-2x8xh100"), []),
     "l4": (make_plan(product=L4), []),
     "tp2-h100": (make_plan(product=H100, tp=2, weights=70 * GiB), []),
     "replicas": (make_plan(product=L4), ["--replicas", "2"]),
@@ -97,7 +106,7 @@ def test_the_server_accepts_every_manifest_for_1_20(
         assert kinds["PodDisruptionBudget"] == "policy/v1beta1"
     if "HorizontalPodAutoscaler" in kinds:
         assert kinds["HorizontalPodAutoscaler"] == "autoscaling/v2beta2"
-    assert ("LeaderWorkerSet" in kinds) == (case == "multi-node-lws")
+    assert ("LeaderWorkerSet" in kinds) == case.endswith("lws")
     files = [a for p in sorted(out.glob("*.yaml")) if p.name != "kustomization.yaml"
              for a in ("-f", str(p))]  # fmt: skip
     assert len(dry_run(kube_apiserver, *files)) == len(docs)
