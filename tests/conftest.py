@@ -18,6 +18,8 @@ if _TESTS not in sys.path:
 
 from extras import missing_extras  # noqa: E402
 from fake_engine import fake_python  # noqa: E402
+from kube import KubeApiServer  # noqa: E402
+from kube import start as start_kube_apiserver  # noqa: E402
 from models import build_model  # noqa: E402
 
 from oominfer.runtime.amx import apply_in_process  # noqa: E402
@@ -127,3 +129,10 @@ def tiny_other(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def fake_engine_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A ``python`` that runs tests/fake_engine.py: give it as the engine's interpreter."""
     return fake_python(tmp_path_factory.mktemp("fake-engine"))
+
+
+@pytest.fixture(scope="session")
+def kube_apiserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeApiServer]:
+    """One real Kubernetes 1.20 API server for the whole run, with fake GPU nodes and the
+    LeaderWorkerSet, ScaledObject and ServiceMonitor CRDs (tests/kube.py)."""
+    yield from start_kube_apiserver(tmp_path_factory.mktemp("kube-apiserver"))

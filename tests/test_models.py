@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import struct
 import time
 from pathlib import Path
@@ -457,3 +458,33 @@ def test_a_revision_in_the_hf_cache_is_read_offline(offline_hub: Path) -> None: 
 def test_a_revision_for_a_local_folder_is_refused(tmp_path: Path) -> None:
     with pytest.raises(InvalidSettingError, match="--revision v1 is for Hub models"):
         load_spec(str(model_folder(tmp_path / "m")), revision="v1")
+
+
+def test_an_unreachable_hub_is_said_so_without_a_traceback(tmp_path: Path) -> None:
+    """A Hub that refuses the connection (a closed port of 127.0.0.1: nothing leaves the
+    machine) is the HTTP client's transport error, caught through huggingface_hub's public
+    API and reported as exit 5 with the ways out."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as sock:  # a port nothing listens on once closed
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {
+        **os.environ,
+        "HF_ENDPOINT": f"http://127.0.0.1:{port}",
+        "HF_HUB_OFFLINE": "0",
+        "HF_HOME": str(tmp_path / "hf"),
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "oominfer", "estimate", "nobody-at-all/no-such-model-3b"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 5, result.stderr
+    assert "cannot be reached" in result.stderr
+    assert "Traceback" not in result.stderr

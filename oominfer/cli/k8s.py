@@ -10,9 +10,11 @@ import click
 from oominfer.cli.options import JSON
 from oominfer.k8s import (
     DEFAULT_IMAGE,
+    LATEST_KUBE,
     K8sOptions,
     dump_yaml,
     manifest_files,
+    parse_kube_version,
     plan_warnings,
     render,
     write_manifests,
@@ -67,6 +69,14 @@ _DEFAULTS = K8sOptions()
 @click.option("--service-monitor", is_flag=True, help="Add a Prometheus ServiceMonitor.")
 @click.option("--max-replicas", type=click.IntRange(min=1), help="Autoscaling upper bound.")
 @click.option("--require-verified", is_flag=True, help="Refuse a plan no engine has run.")
+@click.option(
+    "--kube-version",
+    metavar="X.Y",
+    default=str(LATEST_KUBE),
+    show_default=True,
+    help="The cluster's Kubernetes release: before 1.21 the PDB is policy/v1beta1, before "
+    "1.23 the HPA autoscaling/v2beta2; what it lacks is a warning.",
+)
 @JSON
 def k8s_command(
     plan_file: Path,
@@ -87,6 +97,7 @@ def k8s_command(
     service_monitor: bool,
     max_replicas: int | None,
     require_verified: bool,
+    kube_version: str,
     as_json: bool,
 ) -> None:
     """Write Kubernetes manifests that run PLAN.json exactly as it was fitted.
@@ -100,6 +111,7 @@ def k8s_command(
     Examples:
       oominfer k8s plan.json -o deploy/llama70b
       oominfer k8s plan.json --namespace llm --pdb --service-monitor | kubectl apply -f -
+      oominfer k8s plan.json --kube-version 1.20 --pdb --hpa -o deploy/llama70b
     """
     plan = read_plan(plan_file)
     options = K8sOptions(
@@ -119,6 +131,7 @@ def k8s_command(
         service_monitor=service_monitor,
         max_replicas=max_replicas,
         require_verified=require_verified,
+        kube_version=parse_kube_version(kube_version),
     )
     for warning in plan_warnings(plan, options):
         click.secho(f"Warning: {warning}", err=True, fg="yellow")

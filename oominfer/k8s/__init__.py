@@ -26,26 +26,39 @@ from oominfer.k8s.sizing import (
     startup_budget_seconds,
     topology,
 )
+from oominfer.k8s.versions import (
+    LATEST_KUBE,
+    KubeVersion,
+    hpa_api,
+    parse_kube_version,
+    pdb_api,
+    version_warnings,
+)
 from oominfer.k8s.warnings import plan_warnings
 from oominfer.k8s.write import write_manifests
 
 __all__ = [
     "DEFAULT_IMAGE",
+    "LATEST_KUBE",
     "LWS_NAME_LABEL",
     "PLAN_SHA_ANNOTATION",
     "PVC_MARGIN",
     "RAY_LEADER_SCRIPT",
     "RAY_WORKER_SCRIPT",
     "K8sOptions",
+    "KubeVersion",
     "Manifest",
     "Topology",
     "checkpoint_bytes",
     "deployment",
     "dump_yaml",
     "host_memory_bytes",
+    "hpa_api",
     "leader_worker_set",
     "load_seconds",
     "manifest_files",
+    "parse_kube_version",
+    "pdb_api",
     "plan_warnings",
     "pvc",
     "pvc_bytes",
@@ -55,5 +68,6 @@ __all__ = [
     "startup_budget_seconds",
     "topology",
     "valid_name",
+    "version_warnings",
     "write_manifests",
 ]

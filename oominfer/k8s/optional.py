@@ -9,6 +9,7 @@ from typing import Final
 from oominfer.k8s.multinode import LWS_API, LWS_NAME_LABEL
 from oominfer.k8s.options import K8sOptions, Manifest, labels, metadata, resource_name, selector
 from oominfer.k8s.sizing import topology
+from oominfer.k8s.versions import hpa_api, pdb_api
 from oominfer.planning.document import Plan
 
 HPA_METRIC: Final = "vllm_num_requests_waiting"
@@ -17,12 +18,15 @@ exposes it (an adapter rule renames the series; deploy/k8s/README.md)."""
 
 
 def pdb(plan: Plan, options: K8sOptions) -> Manifest:
-    """Let voluntary evictions (node drains) take one server pod at a time."""
+    """Let voluntary evictions (node drains) take one server pod at a time.
+
+    ``policy/v1beta1`` below Kubernetes 1.21 has the same ``maxUnavailable`` and ``selector``.
+    """
     pods = selector(plan, options)
     if topology(plan, options).multi_node:
         pods = {LWS_NAME_LABEL: resource_name(plan, options)}
     return {
-        "apiVersion": "policy/v1",
+        "apiVersion": pdb_api(options.kube_version),
         "kind": "PodDisruptionBudget",
         "metadata": metadata(plan, options, resource_name(plan, options)),
         "spec": {"maxUnavailable": 1, "selector": {"matchLabels": pods}},
@@ -43,7 +47,8 @@ def _max_replicas(options: K8sOptions) -> int:
 def hpa(plan: Plan, options: K8sOptions) -> Manifest:
     """Scale on queued requests per pod (prometheus-adapter serves the metric).
 
-    Scale-down waits ten minutes: a GPU pod takes minutes to come back.
+    Scale-down waits ten minutes: a GPU pod takes minutes to come back. Below Kubernetes
+    1.23 it is ``autoscaling/v2beta2``, whose spec (``behavior`` included) is the same.
     """
     metric = {
         "type": "Pods",
@@ -53,7 +58,7 @@ def hpa(plan: Plan, options: K8sOptions) -> Manifest:
         },
     }
     return {
-        "apiVersion": "autoscaling/v2",
+        "apiVersion": hpa_api(options.kube_version),
         "kind": "HorizontalPodAutoscaler",
         "metadata": metadata(plan, options, resource_name(plan, options)),
         "spec": {

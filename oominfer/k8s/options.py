@@ -9,6 +9,7 @@ from typing import Any, Final
 
 from oominfer.base.errors import InvalidSettingError
 from oominfer.base.version import __version__
+from oominfer.k8s.versions import LATEST_KUBE, KubeVersion
 from oominfer.planning.document import Plan
 
 Manifest = dict[str, Any]
@@ -69,6 +70,8 @@ class K8sOptions:
     """Where KEDA queries ``vllm:num_requests_waiting``."""
     require_verified: bool = False
     """Refuse a plan that no engine has run."""
+    kube_version: KubeVersion = LATEST_KUBE
+    """The cluster's release: which API versions to render (``versions``)."""
 
     def __post_init__(self) -> None:
         """Reject options that would render manifests a cluster refuses or runs badly."""

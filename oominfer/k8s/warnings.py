@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from oominfer.base.errors import PlanError
 from oominfer.k8s.options import K8sOptions
-from oominfer.k8s.sizing import topology
+from oominfer.k8s.sizing import quantity, shm_bytes, topology
+from oominfer.k8s.versions import version_warnings
 from oominfer.planning.document import Plan
 
 
@@ -44,4 +45,6 @@ def plan_warnings(plan: Plan, options: K8sOptions) -> list[str]:
         warnings.append(
             f"the model is a local folder ({plan.model_id}); the pods must mount it there."
         )
+    shm = quantity(shm_bytes(plan, topology(plan, options)))
+    warnings += version_warnings(options.kube_version, shm_size=shm, keda=options.keda)
     return warnings

@@ -30,7 +30,8 @@ GRAPH_BYTES_PER_LAYER_AND_SIZE: Final = 950 * 1024
 
 # vLLM's CPU backend: the API server, the engine core and the torch runtime around the
 # weights and the KV cache. Measured here: a 22M-parameter model with a 1 GiB KV cache has a
-# process tree of about 3 GB resident (ENVIRONMENT.md), so about 2 GiB besides the two.
+# process tree of about 3 GB resident (../shared/ENVIRONMENT.md), so about 2 GiB besides the
+# two.
 CPU_RUNTIME_BYTES: Final = 2 * GiB
 
 

@@ -7,6 +7,7 @@ import dataclasses
 import difflib
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Final
 
@@ -105,11 +106,16 @@ def _unreachable(repo_id: str) -> ModelNotFoundError:
 
 def _network_errors() -> tuple[type[BaseException], ...]:
     """What huggingface_hub raises when the Hub cannot be reached: OSError (its offline
-    mode, requests' connection errors) and the HTTP client's transport errors, which it
-    lists as the ones it retries on."""
-    from huggingface_hub.utils import _http
+    mode; requests' connection errors are OSErrors) and the transport errors of the HTTP
+    client it runs on (httpx and its successors: ``TransportError``, the base of their
+    connect, timeout and protocol errors), found through its public ``get_session()``."""
+    from huggingface_hub import get_session
 
-    return (OSError, *getattr(_http, "_DEFAULT_RETRY_ON_EXCEPTIONS", ()))
+    client = sys.modules[type(get_session()).__module__.partition(".")[0]]
+    transport = getattr(client, "TransportError", None)
+    if isinstance(transport, type) and issubclass(transport, BaseException):
+        return (OSError, transport)
+    return (OSError,)
 
 
 def from_hub(repo_id: str, *, revision: str | None) -> ModelSpec:

@@ -2,9 +2,9 @@
 
 Some x86 hosts advertise AMX (``amx_tile``, ``amx_bf16`` in /proc/cpuinfo) but trap it as an
 illegal instruction: a plain torch bf16 matmul dies with SIGILL, and so do vLLM's CPU kernels
-(ENVIRONMENT.md measured it). A child process running a bf16 matmul tells the two kinds apart
-in seconds; its answer is kept per host and boot under the oominfer cache folder. Where AMX
-traps, engines start with oneDNN capped below AMX and torch told AMX is absent (the
+(../shared/ENVIRONMENT.md measured it). A child process running a bf16 matmul tells the two
+kinds apart in seconds; its answer is kept per host and boot under the oominfer cache folder.
+Where AMX traps, engines start with oneDNN capped below AMX and torch told AMX is absent (the
 environment builder does that); ``OOMINFER_AMX=off`` forces that, ``OOMINFER_AMX=on`` trusts
 the CPU's flags.
 """

