@@ -55,13 +55,22 @@ def parse_kube_version(text: str) -> KubeVersion:
             hint="Give the cluster's MAJOR.MINOR, as `kubectl version` prints it, e.g. 1.29.",
         )
     version = KubeVersion(int(match.group(1)), int(match.group(2)))
+    check_kube_version(version)
+    return version
+
+
+def check_kube_version(version: KubeVersion) -> None:
+    """Refuse a release the manifests cannot run on.
+
+    Raises:
+        InvalidSettingError: older than ``OLDEST_KUBE``.
+    """
     if version < OLDEST_KUBE:
         raise InvalidSettingError(
             f"--kube-version {version} is older than {OLDEST_KUBE}, the first release whose "
             "startup probe is on by default: the pods would be killed while the model loads.",
             hint=f"Upgrade the cluster to {OLDEST_KUBE} or newer.",
         )
-    return version
 
 
 def pdb_api(version: KubeVersion) -> str:
