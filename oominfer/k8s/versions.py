@@ -100,9 +100,9 @@ def version_warnings(version: KubeVersion, *, shm_size: str, keda: bool) -> list
         )
     if version < SIZED_MEMORY_VOLUMES:
         warnings.append(
-            f"Kubernetes {version} sizes a memory-backed /dev/shm by the pod's memory limit, not "
-            f"its sizeLimit of {shm_size} (from {SIZED_MEMORY_VOLUMES}); the sizeLimit still "
-            "evicts a pod that writes more."
+            f"Kubernetes {version} mounts a memory-backed /dev/shm at the kernel's default size "
+            f"(half the node's memory), not its sizeLimit of {shm_size} (from "
+            f"{SIZED_MEMORY_VOLUMES}); the sizeLimit still evicts a pod that writes more."
         )
     if keda and version < CEL_VALIDATION:
         warnings.append(
