@@ -717,6 +717,13 @@ def test_kube_version_picks_the_apis_that_cluster_serves(
         assert {**kind(docs, name), "apiVersion": ""} == {**kind(current, name), "apiVersion": ""}
 
 
+def test_options_refuse_a_cluster_older_than_the_startup_probe() -> None:
+    from oominfer.k8s.versions import KubeVersion
+
+    with pytest.raises(InvalidSettingError, match=r"older than 1\.18"):
+        K8sOptions(kube_version=KubeVersion(1, 16))
+
+
 def test_the_default_is_a_current_cluster_with_no_version_warnings(
     cli: click.Group, tmp_path: Path
 ) -> None:

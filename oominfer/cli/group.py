@@ -8,7 +8,7 @@ import os
 import sys
 import textwrap
 import traceback
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any, Final, NoReturn
 
 import click
@@ -121,12 +121,10 @@ Examples:
 """
 
 
-def exit_codes_help(codes: Iterable[int] = EXIT_CODES) -> str:
-    """The exit codes ``codes`` with their meanings from ``EXIT_CODES``, as a --help epilog
-    (a paragraph click keeps as written, wrapped here)."""
+def exit_codes_help() -> str:
+    """``EXIT_CODES`` as a --help epilog: a paragraph click keeps as written, wrapped here."""
     lines = ["\b", "Exit codes:"]
-    for code in codes:
-        meaning = EXIT_CODES[ExitStatus(code)]
+    for code, meaning in EXIT_CODES.items():
         lines += textwrap.wrap(
             meaning, width=79, initial_indent=f"  {int(code):<4} ", subsequent_indent=" " * 7
         )

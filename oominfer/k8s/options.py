@@ -9,7 +9,7 @@ from typing import Any, Final
 
 from oominfer.base.errors import InvalidSettingError
 from oominfer.base.version import __version__
-from oominfer.k8s.versions import LATEST_KUBE, KubeVersion
+from oominfer.k8s.versions import LATEST_KUBE, KubeVersion, check_kube_version
 from oominfer.planning.document import Plan
 
 Manifest = dict[str, Any]
@@ -76,6 +76,7 @@ class K8sOptions:
     def __post_init__(self) -> None:
         """Reject options that would render manifests a cluster refuses or runs badly."""
         check_image(self.image)
+        check_kube_version(self.kube_version)
         if self.namespace is not None and not valid_namespace(self.namespace):
             raise InvalidSettingError(
                 f"--namespace {self.namespace!r} is not a valid Kubernetes namespace.",

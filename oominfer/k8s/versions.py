@@ -55,13 +55,22 @@ def parse_kube_version(text: str) -> KubeVersion:
             hint="Give the cluster's MAJOR.MINOR, as `kubectl version` prints it, e.g. 1.29.",
         )
     version = KubeVersion(int(match.group(1)), int(match.group(2)))
+    check_kube_version(version)
+    return version
+
+
+def check_kube_version(version: KubeVersion) -> None:
+    """Refuse a release the manifests cannot run on.
+
+    Raises:
+        InvalidSettingError: older than ``OLDEST_KUBE``.
+    """
     if version < OLDEST_KUBE:
         raise InvalidSettingError(
             f"--kube-version {version} is older than {OLDEST_KUBE}, the first release whose "
             "startup probe is on by default: the pods would be killed while the model loads.",
             hint=f"Upgrade the cluster to {OLDEST_KUBE} or newer.",
         )
-    return version
 
 
 def pdb_api(version: KubeVersion) -> str:
@@ -91,9 +100,9 @@ def version_warnings(version: KubeVersion, *, shm_size: str, keda: bool) -> list
         )
     if version < SIZED_MEMORY_VOLUMES:
         warnings.append(
-            f"Kubernetes {version} sizes a memory-backed /dev/shm by the pod's memory limit, not "
-            f"its sizeLimit of {shm_size} (from {SIZED_MEMORY_VOLUMES}); the sizeLimit still "
-            "evicts a pod that writes more."
+            f"Kubernetes {version} mounts a memory-backed /dev/shm at the kernel's default size "
+            f"(half the node's memory), not its sizeLimit of {shm_size} (from "
+            f"{SIZED_MEMORY_VOLUMES}); the sizeLimit still evicts a pod that writes more."
         )
     if keda and version < CEL_VALIDATION:
         warnings.append(
