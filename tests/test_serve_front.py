@@ -461,3 +461,21 @@ def test_metrics_are_the_engines_then_the_fronts_in_prometheus_format(
     assert counts[("other", "404")] == 1
     assert not any(name.endswith("_created") for name in families)
     srv.close()
+
+
+def test_serve_takes_the_edges_limits_as_flags(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from oominfer.cli import main
+
+    help_text = CliRunner().invoke(main, ["serve", "-h"]).stdout
+    for flag in ("--max-connections", "--timeout-request", "--timeout-keep-alive",
+                 "--max-body-size"):  # fmt: skip
+        assert flag in help_text
+    plan = tmp_path / "plan.json"
+    plan.write_text(Plan(model_id="/models/fake", device="cpu", settings=VllmSettings()).to_json())
+    result = CliRunner().invoke(main, ["serve", str(plan), "--max-body-size", "lots"])
+    assert result.exit_code == InvalidSettingError.exit_status, result.output
+    assert "lots" in result.stderr and "Traceback" not in result.output
+    result = CliRunner().invoke(main, ["serve", str(plan), "--timeout-request", "0"])
+    assert result.exit_code == 2 and "--timeout-request" in result.stderr
