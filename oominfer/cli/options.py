@@ -14,6 +14,14 @@ import click
 
 from oominfer.base.errors import InvalidSettingError
 from oominfer.base.units import human_readable_int, parse_size
+from oominfer.edge.limits import (
+    DEFAULT_MAX_BODY,
+    DEFAULT_TIMEOUT_KEEP_ALIVE_S,
+    DEFAULT_TIMEOUT_REQUEST_S,
+    MAX_CONNECTIONS_CEILING,
+    ClientLimits,
+    default_max_connections,
+)
 from oominfer.hardware.hardware import Hardware
 from oominfer.planning.constraints import PRACTICAL_CONTEXT, Constraints, Prefer
 from oominfer.settings import DECLARED, DEVICES, ENGINES, Declared, Device, EngineSettings
@@ -196,6 +204,38 @@ fit_options = _compose(
     REVISION,
 )  # fmt: skip
 """The flags of `oominfer fit` (also taken by `oominfer serve MODEL`)."""
+
+
+edge_options = _compose(
+    click.option("--max-connections", type=POSITIVE,
+                 help="Open connections at most: a new one closes the longest-idle one, or gets "
+                 "503 when every connection has a request in progress [default: what the "
+                 f"open-file limit leaves, at most {MAX_CONNECTIONS_CEILING}]."),
+    click.option("--timeout-request", type=click.FloatRange(min=0, min_open=True),
+                 default=DEFAULT_TIMEOUT_REQUEST_S, show_default=True,
+                 help="Seconds a client has to send a whole request once it starts; a slower "
+                 "one gets 408."),
+    click.option("--timeout-keep-alive", type=POSITIVE, default=DEFAULT_TIMEOUT_KEEP_ALIVE_S,
+                 show_default=True,
+                 help="Close a connection with no request in progress after this many seconds."),
+    click.option("--max-body-size", default=DEFAULT_MAX_BODY, show_default=True,
+                 help="Largest request body; a larger one gets 413."),
+)  # fmt: skip
+"""What clients of the public port may hold and send (``oominfer.edge``)."""
+
+
+def pop_client_limits(opts: dict[str, Any]) -> ClientLimits:
+    """The edge's limits from ``edge_options``, taken out of ``opts``.
+
+    Raises:
+        InvalidSettingError: --max-body-size is not a size.
+    """
+    return ClientLimits(
+        max_connections=opts.pop("max_connections") or default_max_connections(),
+        timeout_request_s=opts.pop("timeout_request"),
+        timeout_keep_alive_s=opts.pop("timeout_keep_alive"),
+        max_body_bytes=parse_size(opts.pop("max_body_size")),
+    )
 
 
 def _context(opts: dict[str, Any]) -> int | None:

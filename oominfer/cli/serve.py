@@ -12,7 +12,7 @@ from click.core import ParameterSource
 from oominfer.base.errors import InvalidSettingError, PlanError
 from oominfer.cli.fit import fit_from_flags
 from oominfer.cli.group import exit_codes_help
-from oominfer.cli.options import device_of, fit_options
+from oominfer.cli.options import device_of, edge_options, fit_options, pop_client_limits
 from oominfer.planning.document import Plan
 from oominfer.settings import Device, Engine
 
@@ -117,6 +117,7 @@ def check_engine(engine: Engine, device: Device) -> None:
 @click.option("--require-verified", is_flag=True, help="Refuse a plan the engine never ran.")
 @click.option("--grace-period", type=click.IntRange(min=0), default=30, show_default=True,
               help="Seconds in-flight requests may take to finish after SIGTERM.")  # fmt: skip
+@edge_options
 @fit_options
 @click.argument("extra", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
@@ -141,6 +142,7 @@ def serve(ctx: click.Context, /, target: str, host: str, port: int, api_key: str
     from oominfer.serving.run import local_replicas, run
     from oominfer.settings import engine_args
 
+    limits = pop_client_limits(opts)
     plan: Plan
     if is_plan_file(target):
         plan = read_plan(Path(target))
@@ -172,6 +174,6 @@ def serve(ctx: click.Context, /, target: str, host: str, port: int, api_key: str
             err=True,
         )
     status = run(plan, host=host, port=port, extra=list(extra), api_key=api_key,
-                 grace_period=grace_period, replicas=replicas,
+                 grace_period=grace_period, replicas=replicas, limits=limits,
                  on_failure=lambda why: click.secho(why, err=True, fg="red"))  # fmt: skip
     raise SystemExit(status)

@@ -10,19 +10,32 @@ gets 503 too.
 Bodies pass through as bytes, both ways, unparsed; server-sent events are forwarded whole
 (one event per write), so an error event can always be appended cleanly. A client that
 disconnects closes its upstream connection, so the engine aborts its request.
+
+The front stands behind the same edge as the transformers engine's own server
+(``oominfer.edge``), whichever engine is behind it: the API key (``/v1/*``; 401 before the
+engine sees the request), the body limit (413), at most ``max_connections`` open (a new one
+closes the longest-idle one, or gets 503 when every one has a request in progress), a request
+must arrive within ``timeout_request_s`` of its first byte (else 408), idle connections close
+after ``timeout_keep_alive_s``. ``/metrics`` is the engine's (vLLM's ``vllm:*``, which
+autoscalers read) followed by the front's own request counters (``oominfer_front_*``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 import httpx
 import uvicorn
+
+from oominfer.edge.connections import protocol_class
+from oominfer.edge.errors import ApiError
+from oominfer.edge.gate import OPENAI_ROUTES, Gate, GateState
+from oominfer.edge.limits import ClientLimits, default_limits
+from oominfer.edge.metrics import CONTENT_TYPE, RequestMetrics
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -44,9 +57,7 @@ _SSE_MAX_HELD: Final = 1 << 20
 def error_body(status: int, message: str) -> bytes:
     """The OpenAI error shape, as the engines answer it."""
     kind = {502: "bad_gateway", 503: "service_unavailable"}.get(status, "server_error")
-    return json.dumps(
-        {"error": {"message": message, "type": kind, "param": None, "code": kind}}
-    ).encode()
+    return ApiError(status, message, type_=kind, code=kind).encoded()
 
 
 async def _answer(send: Send, status: int, message: str) -> None:
@@ -74,8 +85,25 @@ class _Flight:
 class Front:
     """The ASGI app: answers while the engine starts and while oominfer stops, proxies between."""
 
-    def __init__(self, upstream_port: int) -> None:
-        """Proxy to the engine on 127.0.0.1:``upstream_port``."""
+    def __init__(
+        self,
+        upstream_port: int,
+        *,
+        api_key: str | None = None,
+        limits: ClientLimits | None = None,
+    ) -> None:
+        """Proxy to the engine on 127.0.0.1:``upstream_port``, behind the edge: ``api_key``
+        required on ``/v1/*`` when given, ``limits`` on what clients hold and send."""
+        self.limits = limits or default_limits()
+        self.metrics = RequestMetrics(prefix="oominfer_front")
+        self.gate = GateState(
+            api_key=api_key,
+            max_body_bytes=self.limits.max_body_bytes,
+            metrics=self.metrics,
+            routes=OPENAI_ROUTES,
+        )
+        self.app = Gate(self._serve, state=self.gate)
+        """The ASGI app to listen with: the edge, then the proxy."""
         self.client = httpx.AsyncClient(
             base_url=f"http://127.0.0.1:{upstream_port}",
             timeout=httpx.Timeout(None, connect=10.0),
@@ -89,8 +117,15 @@ class Front:
         self.flights: set[_Flight] = set()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Serve one ASGI connection scope (HTTP only)."""
+        """Serve one ASGI connection scope, through the edge."""
+        await self.app(scope, receive, send)
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Past the edge: answer while starting and stopping, proxy between."""
         if scope["type"] != "http":
+            return
+        if scope["path"] == "/metrics" and scope["method"] == "GET":
+            await self._metrics(send)
             return
         if self.draining:
             await _answer(send, 503, "The server is shutting down; retry on another replica.")
@@ -104,6 +139,20 @@ class Front:
             await self._proxy(scope, receive, send, flight)
         finally:
             self.flights.discard(flight)
+
+    async def _metrics(self, send: Send) -> None:
+        """The engine's metrics (when it answers), then the front's own."""
+        engine = b""
+        if self.ready and not self.draining:
+            with contextlib.suppress(httpx.HTTPError):
+                response = await self.client.get("/metrics", timeout=5.0)
+                if response.status_code == 200:
+                    engine = response.content
+                    if engine and not engine.endswith(b"\n"):
+                        engine += b"\n"
+        headers = [(b"content-type", CONTENT_TYPE.encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": engine + self.metrics.render()})
 
     @property
     def in_flight(self) -> int:
@@ -162,7 +211,7 @@ class Front:
         path = scope.get("raw_path") or scope["path"].encode()
         query = scope.get("query_string", b"")
         url = path.decode("latin-1") + ("?" + query.decode("latin-1") if query else "")
-        headers = [(k, v) for k, v in scope["headers"] if k.lower() not in _HOP_BY_HOP]
+        headers = [_canonical(k, v) for k, v in scope["headers"] if k.lower() not in _HOP_BY_HOP]
         request = self.client.build_request(scope["method"], url, headers=headers, content=content)
         response = await self.client.send(request, stream=True)
         try:
@@ -189,6 +238,14 @@ class Front:
             flight.answered = True
         finally:
             await response.aclose()
+
+
+def _canonical(name: bytes, value: bytes) -> tuple[bytes, bytes]:
+    """The header as the engine expects it: vLLM compares ``Authorization`` to ``Bearer <key>``
+    exactly, while the edge (RFC 9110) takes the scheme in any case."""
+    if name.lower() == b"authorization" and value[:7].lower() == b"bearer ":
+        return name, b"Bearer " + value[7:].strip()
+    return name, value
 
 
 async def _rest_of_body(
@@ -236,9 +293,12 @@ class Listener(uvicorn.Server):
 
 
 def listener(front: Front) -> Listener:
-    """The HTTP server for ``front`` (quiet: the engine's log is what the user reads)."""
+    """The HTTP server for ``front`` (quiet: the engine's log is what the user reads), with
+    the edge's connection cap, request timeout and keep-alive timeout."""
     config = uvicorn.Config(
-        front, lifespan="off", log_level="warning", access_log=False,
+        front.app, lifespan="off", log_level="warning", access_log=False,
         timeout_graceful_shutdown=int(CUT_WAIT_S) + 1,
+        http=protocol_class(front.limits),
+        timeout_keep_alive=front.limits.timeout_keep_alive_s,
     )  # fmt: skip
     return Listener(config)

@@ -42,6 +42,7 @@ from oominfer.settings import flag
 from oominfer.verify.prober import failure_of
 
 if TYPE_CHECKING:
+    from oominfer.edge.limits import ClientLimits
     from oominfer.serving.front import Front
 
 _KEEP_LINES = 4000
@@ -257,9 +258,11 @@ def run(
     on_note: Callable[[str], None] | None = None,
     python: str | None = None,
     replicas: int = 1,
+    limits: ClientLimits | None = None,
 ) -> int:
     """Serve ``plan`` in the foreground until a signal or the engine's end; returns the exit
-    code (``ServeExit``). ``python`` runs the engine (default: this interpreter).
+    code (``ServeExit``). ``python`` runs the engine (default: this interpreter); ``limits``
+    bound what clients of the public port hold and send (default: the edge's).
 
     Raises:
         InvalidSettingError: the public address cannot be listened on, or extra flags
@@ -290,7 +293,8 @@ def run(
         reader = threading.Thread(target=_pass_through, args=(proc.stdout, sink, kept),
                                   daemon=True)  # fmt: skip
         reader.start()
-        session = _Session(front=Front(private), proc=proc, grace=grace_period, note=say,
+        front = Front(private, api_key=api_key, limits=limits)
+        session = _Session(front=front, proc=proc, grace=grace_period, note=say,
                            address=f"http://{shown}:{port}")  # fmt: skip
         try:
             outcome = asyncio.run(session.serve(sock))

@@ -30,15 +30,16 @@ Modules, one concept each:
 - ``kv``: the running batch and its KV cache (merge, select rows, size).
 - ``sequence``: one request's generation state, its events, token sampling.
 - ``scheduler``: continuous batching on one worker thread; out-of-memory split-and-retry.
-- ``memory``: recognising and recovering from allocation failures; the test fault hook.
-- ``metrics``: ``/metrics`` in the Prometheus text format.
+- ``oom``: recognising an allocation failure at run time and giving memory back.
+- ``metrics``: ``/metrics`` through ``prometheus_client``: requests, tokens, the batch.
 - ``protocol``: the OpenAI wire format (requests, errors, replies, SSE chunks).
 - ``prompts``: a validated request checked against the model and turned into a sequence.
-- ``middleware``: API key, draining, body size, in-flight count and per-status metrics.
 - ``server``: the FastAPI app and its routes; a request whose client leaves is cancelled.
 - ``openapi``: ``/openapi.json``, with the errors as they are answered.
-- ``connections``: uvicorn's h11 protocol with idle and request timeouts and a connection cap.
 - ``shutdown``: SIGTERM drain.
+
+The edge it stands behind (API key, body size, connection cap, idle and request timeouts) is
+``oominfer.edge``, shared with the front of ``oominfer serve``.
 - ``cli``: ``main``, behind ``python -m oominfer.engines.transformers``.
 
 Importing this package loads torch and FastAPI (transformers once a model loads): the pure

@@ -12,13 +12,13 @@ import uvicorn
 
 from oominfer.base.errors import OominferError
 from oominfer.base.units import format_bytes
+from oominfer.edge.connections import protocol_class
 from oominfer.engines.transformers.config import (
     API_KEY_ENV,
     ServerConfig,
     parse_args,
     resolve_config,
 )
-from oominfer.engines.transformers.connections import protocol_class
 from oominfer.engines.transformers.runner import ModelRunner
 from oominfer.engines.transformers.server import Server
 from oominfer.engines.transformers.shutdown import DrainingUvicorn

@@ -6,7 +6,6 @@ import argparse
 import dataclasses
 import logging
 import os
-import resource
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +13,14 @@ from typing import Final
 
 from oominfer.base.errors import InvalidSettingError
 from oominfer.base.units import parse_size
-from oominfer.engines.transformers.memory import TEST_OOM_ENV
+from oominfer.edge.limits import (
+    DEFAULT_MAX_BODY,
+    DEFAULT_TIMEOUT_KEEP_ALIVE_S,
+    DEFAULT_TIMEOUT_REQUEST_S,
+    MAX_CONNECTIONS_CEILING,
+    ClientLimits,
+    default_max_connections,
+)
 from oominfer.planning.document import Plan, plan_from_json
 from oominfer.settings import DECLARED, EngineSettings
 
@@ -26,49 +32,9 @@ API_KEY_ENV: Final = "OOMINFER_API_KEY"
 DEFAULT_MAX_NUM_SEQS: Final = 8
 DEFAULT_MAX_QUEUE: Final = 256
 DEFAULT_GRACE_PERIOD_S: Final = 30.0
-DEFAULT_MAX_BODY: Final = "10MiB"
-"""A 131,072-token prompt is about 0.5 MiB of text, about 1 MiB as token ids: 10 MiB leaves
-room for long chats and JSON escapes (up to 6 bytes a character) and refuses what no context
-holds (a 20 MB body took seconds of tokenizing to be refused)."""
 DEFAULT_MAX_TOKENS: Final = 4096
 """``max_tokens`` of a chat that gives none, when the checkpoint's generation_config.json sets
 no ``max_new_tokens`` (see ``prompts.default_max_tokens``)."""
-DEFAULT_TIMEOUT_KEEP_ALIVE_S: Final = 5
-"""uvicorn's and vLLM's ``--timeout-keep-alive`` default."""
-DEFAULT_TIMEOUT_REQUEST_S: Final = 30.0
-MAX_CONNECTIONS_CEILING: Final = 1024
-FD_RESERVE: Final = 64
-"""File descriptors kept free of connections: model files, logs, pipes, the listening socket."""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ClientLimits:
-    """What clients may hold and send: connections, their idle and slow time, body size."""
-
-    max_connections: int
-    """Open connections at most; the longest-idle one is closed to admit a new one."""
-    timeout_keep_alive_s: int = DEFAULT_TIMEOUT_KEEP_ALIVE_S
-    """A connection with no request in progress is closed after this long."""
-    timeout_request_s: float = DEFAULT_TIMEOUT_REQUEST_S
-    """A request's headers and body must arrive within this long of its first byte."""
-    max_body_bytes: int = parse_size(DEFAULT_MAX_BODY)
-    """A request body above this is refused with 413."""
-
-
-def default_max_connections() -> int:
-    """What the open-file limit leaves for connections, at most ``MAX_CONNECTIONS_CEILING``.
-
-    Each connection holds a descriptor; at the limit, ``accept`` fails and nothing (``/health``
-    included) can connect, so the cap stays below it.
-    """
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY:
-        return MAX_CONNECTIONS_CEILING
-    try:
-        in_use = len(os.listdir("/proc/self/fd"))
-    except OSError:
-        in_use = FD_RESERVE
-    return max(1, min(MAX_CONNECTIONS_CEILING, soft - in_use - FD_RESERVE))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -103,8 +69,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m oominfer.engines.transformers",
         description="Serve a causal LM with transformers behind an OpenAI-compatible API.",
-        epilog=f"Test only: {TEST_OOM_ENV}=N makes the N-th batched forward pass raise "
-        "torch.OutOfMemoryError.",
     )
     p.add_argument("--model", help="model folder or id (default: the plan's model_id)")
     p.add_argument("--plan", type=Path, help="a plan.json written by `oominfer fit`")

@@ -10,77 +10,14 @@ from abc import ABC, abstractmethod
 from typing import Annotated, Any, ClassVar, Final
 
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
-RETRY_AFTER_S: Final = 1
-CLIENT_CLOSED_REQUEST: Final = 499
-"""nginx's status for a request whose client went away first; only /metrics sees it."""
-
-# Errors
-
-
-class ApiError(Exception):
-    """An error answered in the OpenAI shape ``{"error": {message, type, param, code}}``."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        type_: str = "invalid_request_error",
-        param: str | None = None,
-        code: str | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        """Create the error; ``status`` is the HTTP status code."""
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.type = type_
-        self.param = param
-        self.code = code
-        self.headers = headers or {}
-
-    def body(self) -> dict[str, Any]:
-        """The JSON body."""
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.type,
-                "param": self.param,
-                "code": self.code,
-            }
-        }
-
-    def response(self) -> JSONResponse:
-        """The HTTP response."""
-        return _AsciiJSONResponse(self.body(), status_code=self.status, headers=self.headers)
-
-
-class _AsciiJSONResponse(JSONResponse):
-    """JSON with ``\\u`` escapes: a message that quotes a client's invalid text still encodes."""
-
-    def render(self, content: Any) -> bytes:
-        return json.dumps(content, separators=(",", ":")).encode()
-
-
-def busy(message: str, status: int = 429) -> ApiError:
-    """429 (queue full) or 503 (stopping), with ``Retry-After``."""
-    kind = "rate_limit_exceeded" if status == 429 else "service_unavailable"
-    return ApiError(
-        status,
-        message,
-        type_=kind,
-        code=kind,
-        headers={"Retry-After": str(RETRY_AFTER_S)},
-    )
-
-
-def shutting_down() -> ApiError:
-    """503 for a request that arrives after SIGTERM."""
-    return busy("The server is shutting down; retry on another replica.", 503)
-
+# The errors are the edge's, shared with the front of ``oominfer serve``.
+from oominfer.edge.errors import CLIENT_CLOSED_REQUEST as CLIENT_CLOSED_REQUEST
+from oominfer.edge.errors import RETRY_AFTER_S as RETRY_AFTER_S
+from oominfer.edge.errors import ApiError as ApiError
+from oominfer.edge.errors import busy as busy
+from oominfer.edge.errors import shutting_down as shutting_down
 
 # Requests
 

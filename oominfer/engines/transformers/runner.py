@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -11,7 +11,6 @@ import torch
 from oominfer.base.errors import ModelNotFoundError
 from oominfer.engines.transformers.config import ServerConfig
 from oominfer.engines.transformers.kv import Batch
-from oominfer.engines.transformers.memory import FaultInjector
 
 log = logging.getLogger("oominfer.transformers")
 
@@ -35,19 +34,11 @@ def resolve_device(requested: str) -> str:
 class ModelRunner:
     """A causal LM and its tokenizer; every forward pass runs under ``inference_mode``."""
 
-    def __init__(
-        self,
-        model: Any,
-        tokenizer: Any,
-        *,
-        device: str,
-        fault: Callable[[torch.Tensor], None] | None = None,
-    ) -> None:
-        """Wrap a loaded model; ``fault`` is called before each forward (tests only)."""
+    def __init__(self, model: Any, tokenizer: Any, *, device: str) -> None:
+        """Wrap a loaded model."""
         self.model = model
         self.tokenizer = tokenizer
         self.device = device
-        self.fault = fault
         self.forward_passes = 0
         pad = tokenizer.pad_token_id
         if pad is None:
@@ -117,11 +108,9 @@ class ModelRunner:
         if "quantization_config" not in kwargs:
             model.to(device)
         model.eval()
-        return cls(model, tokenizer, device=device, fault=FaultInjector.from_env())
+        return cls(model, tokenizer, device=device)
 
     def _forward(self, **inputs: Any) -> Any:
-        if self.fault is not None:
-            self.fault(inputs["input_ids"])
         self.forward_passes += 1
         with torch.inference_mode():
             return self.model(**inputs, use_cache=True, logits_to_keep=1)

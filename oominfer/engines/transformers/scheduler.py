@@ -36,8 +36,8 @@ from oominfer.engines.transformers.kv import (
     merge_batches,
     select_rows,
 )
-from oominfer.engines.transformers.memory import is_out_of_memory, release_memory
 from oominfer.engines.transformers.metrics import Metrics, SchedulerStats
+from oominfer.engines.transformers.oom import is_out_of_memory, release_memory
 from oominfer.engines.transformers.protocol import RETRY_AFTER_S, ApiError, busy, shutting_down
 from oominfer.engines.transformers.runner import ModelRunner
 from oominfer.engines.transformers.sequence import ErrorEvent, FinishEvent, Seq, TokenEvent, sample
@@ -118,7 +118,7 @@ class Scheduler:
                     f"(--max-queue {self.max_queue}). Retry after {RETRY_AFTER_S} s."
                 )
             self._waiting.append(seq)
-            self.metrics.prompt_tokens += len(seq.prompt)
+            self.metrics.prompt_tokens.inc(len(seq.prompt))
             self._cond.notify()
 
     def stop_accepting(self) -> None:
@@ -274,7 +274,7 @@ class Scheduler:
         if len(alive) > 1:
             self.cap = max(1, len(alive) // 2)
             self._clean_steps = 0
-            self.metrics.oom_recoveries += 1
+            self.metrics.oom_recoveries.inc()
             log.warning(
                 "Out of memory with %d sequences (%s); retrying them in batches of at most %d.",
                 len(alive), err, self.cap,
@@ -290,7 +290,7 @@ class Scheduler:
             seq.solo = True
             self._resume.appendleft(seq)
             return
-        self.metrics.oom_failures += 1
+        self.metrics.oom_failures.inc()
         log.warning("Out of memory on a single sequence of %d tokens: failing it (%s).",
                     len(seq.ids), err)  # fmt: skip
         self._fail(
@@ -323,7 +323,7 @@ class Scheduler:
         if seq.done or seq.cancelled:
             return
         seq.completion_tokens += 1
-        self.metrics.generation_tokens += 1
+        self.metrics.generation_tokens.inc()
         if token in self.engine.eos_ids and not seq.ignore_eos:
             self._finish(seq, "stop")
             return

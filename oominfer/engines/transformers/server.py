@@ -11,12 +11,14 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from oominfer.base.version import __version__
+from oominfer.edge.gate import OPENAI_ROUTES, Gate, GateState
+from oominfer.edge.metrics import CONTENT_TYPE
 from oominfer.engines.transformers.config import ServerConfig
-from oominfer.engines.transformers.middleware import Gate, GateState
+from oominfer.engines.transformers.metrics import Metrics
 from oominfer.engines.transformers.openapi import OPENAPI_PATH, error_responses, openapi_schema
 from oominfer.engines.transformers.prompts import SeqBuilder
 from oominfer.engines.transformers.protocol import (
@@ -47,14 +49,20 @@ class Server:
         """Build the app; the scheduler starts with the app's lifespan."""
         self.config = config
         self.engine = engine
-        self.gate = GateState(api_key=config.api_key, max_body_bytes=config.limits.max_body_bytes)
-        self.metrics = self.gate.metrics
+        self.metrics = Metrics()
+        self.gate = GateState(
+            api_key=config.api_key,
+            max_body_bytes=config.limits.max_body_bytes,
+            metrics=self.metrics,
+            routes=OPENAI_ROUTES | {OPENAPI_PATH},
+        )
         self.scheduler = Scheduler(
             engine,
             max_num_seqs=config.max_num_seqs,
             max_queue=config.max_queue,
             metrics=self.metrics,
         )
+        self.metrics.watch(self.scheduler.stats)
         config_len = getattr(engine.model.config, "max_position_embeddings", None)
         self.max_model_len: int = config.settings.max_model_len or int(config_len or 2048)
         self.seqs = SeqBuilder(config, engine, max_model_len=self.max_model_len)
@@ -218,10 +226,7 @@ class Server:
 
         @app.get("/metrics", response_model=None)
         async def metrics() -> Response:
-            return PlainTextResponse(
-                self.metrics.render(self.scheduler.stats()),
-                media_type="text/plain; version=0.0.4; charset=utf-8",
-            )
+            return Response(self.metrics.render(), media_type=CONTENT_TYPE)
 
         app.add_middleware(Gate, state=self.gate)
         app.openapi = lambda: openapi_schema(app, api_key=bool(self.config.api_key))  # type: ignore[method-assign]

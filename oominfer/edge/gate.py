@@ -1,4 +1,7 @@
-"""The ASGI middleware in front of every route: API key, draining, body size, metrics."""
+"""The ASGI middleware in front of every route: API key, draining, body size, metrics.
+
+The front of ``oominfer serve`` and the transformers engine's server both stand behind it.
+"""
 
 from __future__ import annotations
 
@@ -9,13 +12,13 @@ from typing import Final
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from oominfer.base.units import format_bytes
-from oominfer.engines.transformers.metrics import Metrics
-from oominfer.engines.transformers.openapi import OPENAPI_PATH
-from oominfer.engines.transformers.protocol import CLIENT_CLOSED_REQUEST, ApiError, shutting_down
+from oominfer.edge.errors import CLIENT_CLOSED_REQUEST, ApiError, shutting_down
+from oominfer.edge.metrics import RequestMetrics
 
-_ROUTES: Final = frozenset(
-    {"/v1/models", "/v1/completions", "/v1/chat/completions", "/health", "/metrics", OPENAPI_PATH}
+OPENAI_ROUTES: Final = frozenset(
+    {"/v1/models", "/v1/completions", "/v1/chat/completions", "/health", "/metrics"}
 )
+"""The paths counted under their own name in the request metrics; any other is ``other``."""
 _BODY_METHODS: Final = frozenset({"POST", "PUT", "PATCH"})
 
 
@@ -25,7 +28,9 @@ class GateState:
 
     api_key: str | None
     max_body_bytes: int
-    metrics: Metrics = field(default_factory=Metrics)
+    metrics: RequestMetrics = field(default_factory=RequestMetrics)
+    routes: frozenset[str] = OPENAI_ROUTES
+    """Paths counted by name in the metrics (a bounded label set); the rest count as other."""
     draining: bool = False
     in_flight: int = 0
 
@@ -82,7 +87,7 @@ class Gate:
                 await self.app(scope, receive, send_counting)
             finally:
                 self.state.in_flight -= guarded
-        metric_path = path if path in _ROUTES else "other"
+        metric_path = path if path in self.state.routes else "other"
         self.state.metrics.count_request(metric_path, status)
 
     async def _read_body(self, scope: Scope, receive: Receive) -> bytes | ApiError | None:

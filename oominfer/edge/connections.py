@@ -9,10 +9,10 @@ uvicorn's h11 protocol, with three additions uvicorn has no setting for:
   the client gets 408 and the connection is closed (slow-loris clients).
 - At most ``max_connections`` are open. A new connection beyond the cap closes the one idle
   the longest (no request in progress); when every one has a request in progress, the new one
-  is closed. The cap sits below the open-file limit: at that limit ``accept`` fails and
-  nothing, ``/health`` included, can connect. uvicorn's ``limit_concurrency`` is not used: it
-  answers 503 to every request, ``/health`` included, once the cap is reached, and keeps the
-  idle connections that caused it.
+  gets 503 with Retry-After to its first request and is closed. The cap sits below the
+  open-file limit: at that limit ``accept`` fails and nothing, ``/health`` included, can
+  connect. uvicorn's ``limit_concurrency`` is not used: it answers 503 to every request,
+  ``/health`` included, once the cap is reached, and keeps the idle connections that caused it.
 
 h11 is used whether or not httptools is installed, so the behaviour does not depend on an
 optional package; h11 also bounds the request line and headers
@@ -31,10 +31,10 @@ from typing import Any, ClassVar, Final
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from oominfer.engines.transformers.config import ClientLimits
-from oominfer.engines.transformers.protocol import ApiError
+from oominfer.edge.errors import ApiError, busy
+from oominfer.edge.limits import ClientLimits
 
-log = logging.getLogger("oominfer.transformers")
+log = logging.getLogger("oominfer.edge")
 
 _TIMED_OUT_HEAD: Final = (
     b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
@@ -76,10 +76,9 @@ class GuardedH11Protocol(H11Protocol):
                 self._warn("%d connections open (--max-connections %d): closing the ones idle "
                            "longest to admit new ones.", len(open_), cap)  # fmt: skip
             else:
-                self._warn("%d connections open (--max-connections %d), each with a request in "
-                           "progress: refusing new connections.", len(open_), cap)  # fmt: skip
-                transport.close()
-                return
+                self._warn("%d connections open (--max-connections %d), each with a request "
+                           "in progress: answering new ones 503.", len(open_), cap)  # fmt: skip
+                self.app = _Refuse(cap)
         self._arm_keep_alive()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -159,3 +158,23 @@ class GuardedH11Protocol(H11Protocol):
 def protocol_class(limits: ClientLimits) -> type[GuardedH11Protocol]:
     """The protocol class uvicorn instantiates per connection, bound to ``limits``."""
     return type("GuardedH11Protocol", (GuardedH11Protocol,), {"limits": limits})
+
+
+class _Refuse:
+    """The ASGI app of a connection over the cap: 503 with Retry-After, then the close.
+
+    Answering the request, rather than closing the socket unread, lets the client read why (a
+    socket closed with unread data resets, and the client sees only "connection reset").
+    """
+
+    def __init__(self, cap: int) -> None:
+        self.error = busy(
+            f"This server has {cap} connections open, each with a request in progress "
+            "(--max-connections); retry shortly.",
+            503,
+        )
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        response = self.error.response()
+        response.headers["connection"] = "close"
+        await response(scope, receive, send)
