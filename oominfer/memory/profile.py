@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from typing import Final
 
-from oominfer.base.units import GiB, MiB
+from oominfer.base.units import GiB, KiB, MiB
+from oominfer.hardware.gpu import GpuSpec
 from oominfer.hardware.hardware import Hardware
 from oominfer.model.spec import ModelSpec
+from oominfer.rules.attention import graph_counts
 from oominfer.rules.versions import CURRENT_VLLM, EngineVersion
 
 # Memory the engine holds after profiling beyond weights and activations: cuBLAS and
@@ -22,11 +24,62 @@ NON_TORCH_TP_BYTES: Final = 400 * MiB
 HIDDEN_TEMPORARIES: Final = 4
 MLP_TEMPORARIES: Final = 3
 
-# CUDA graphs: FULL_AND_PIECEWISE graphs for each capture size (capture_sizes below). vLLM
-# measures their pool by capturing a sample and (>= 0.21) subtracts it before sizing the KV
-# cache. The pool grows with layers x sizes; fitted on calibration point dp37 (Qwen3-8B,
-# 36 layers, 67 sizes: 2.24 GiB).
-GRAPH_BYTES_PER_LAYER_AND_SIZE: Final = 950 * 1024
+# CUDA graphs: the pool capture takes, per GPU, grows with the graphs captured (per
+# release: rules.attention.graph_counts) times the layers each graph spans; a PIECEWISE
+# graph holds one piece per layer, a FULL decode graph reuses most of their buffers.
+# Past two PCIe-only GPUs vLLM turns custom all-reduce off and NCCL's all-reduces are
+# captured into every graph, each with its own buffers. V0's whole-model graphs and the
+# early V1 runner (0.8-0.9, whose graphs also grow with the hidden size) have constants of
+# their own. Least squares over the calibration logs with a graph line that replay
+# (bench/fit_graphs.py: 0.7-0.26, 1-94 layers, TP 1-4; residuals there): a width term
+# came out nil and is not kept.
+# Fitted (10 logs, median |residual| 0.03 GiB, worst 0.06 GiB; c16, c10 and dp54 left out
+# as their notes say the figure holds more than the pool).
+GRAPH_BYTES_PER_LAYER_PIECEWISE: Final = 313 * KiB
+GRAPH_BYTES_PER_LAYER_FULL: Final = 19 * KiB
+GRAPH_BYTES_PER_LAYER_NCCL: Final = 201 * KiB
+GRAPH_BYTES_PER_LAYER_AND_HIDDEN_EARLY_V1: Final = 244
+GRAPH_BYTES_PER_LAYER_V0: Final = 182 * KiB
+
+
+def graph_era(version: EngineVersion) -> str:
+    """Which per-graph constant a release's capture follows: V0's whole-model graphs, the
+    early V1 runner (0.8-0.9), or the piecewise capture of 0.10 onwards."""
+    if not version.v1:
+        return "V0"
+    return "EARLY_V1" if version.release < (0, 10) else "PIECEWISE"
+
+
+def pcie_only(gpu: GpuSpec) -> bool:
+    """No NVLink between GPUs of this kind (consumer, L4/L40/A10 and PCIe data-center cards)."""
+    name = gpu.name.upper()
+    return not any(mark in name for mark in ("SXM", "NVL", "GH200", "B200", "H20-"))
+
+
+def cuda_graph_bytes(
+    *,
+    layers: int,
+    hidden_size: int,
+    gpu: GpuSpec,
+    tp: int,
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+    largest: int,
+    version: EngineVersion = CURRENT_VLLM,
+) -> int:
+    """Memory CUDA-graph capture takes per GPU (what "Graph capturing finished ... took"
+    prints), whether or not the release reserves it before sizing the KV cache."""
+    piecewise, full = graph_counts(version, max_num_seqs, max_num_batched_tokens, largest=largest)
+    per_piece = {
+        "V0": GRAPH_BYTES_PER_LAYER_V0,
+        "EARLY_V1": GRAPH_BYTES_PER_LAYER_AND_HIDDEN_EARLY_V1 * hidden_size,
+        "PIECEWISE": GRAPH_BYTES_PER_LAYER_PIECEWISE,
+    }[graph_era(version)]
+    total = layers * (per_piece * piecewise + GRAPH_BYTES_PER_LAYER_FULL * full)
+    if tp > 2 and pcie_only(gpu):
+        total += layers * GRAPH_BYTES_PER_LAYER_NCCL * (piecewise + full)
+    return total
+
 
 # vLLM's CPU backend: the API server, the engine core and the torch runtime around the
 # weights and the KV cache. Measured here: a 22M-parameter model with a 1 GiB KV cache has a
