@@ -224,6 +224,7 @@ the comparison stays fixed while the model moves."""
 PARTS: tuple[tuple[str, str, bool], ...] = (
     ("weights", "weights_gib", True),
     ("KV cache", "kv_cache_gib", True),
+    ("KV cache, V1", "kv_cache_gib", True),
     ("CUDA graphs", "cuda_graph_gib", False),
     ("non-torch", "non_torch_gib", False),
     ("activation peak", "activation_peak_gib", False),
@@ -254,6 +255,8 @@ def part_errors(
             if measured is None or (relative and measured <= 0):
                 continue
             if key == "kv_cache_gib" and _gpu(point) is None:
+                continue
+            if part.endswith("V1") and not _version(point).v1:
                 continue
             if key == "cuda_graph_gib" and point.get("enforce_eager"):
                 continue

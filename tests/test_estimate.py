@@ -188,11 +188,12 @@ def test_weights_llama_8b_bf16() -> None:
 
 def test_weights_gptq_by_hand() -> None:
     # Projections: 32 x (41,943,040 attention + 176,160,768 MLP) = 6,979,321,856 at 4 bits
-    # (no group_size in this config: 0.5 byte each) = 3,489,660,928; embeddings, LM head and
-    # norms stay bf16: (8,030,261,248 - 6,979,321,856) x 2 = 2,101,878,784.
-    # Total 5,591,539,712.
+    # = 3,489,660,928, plus one fp16 scale and one 4-bit zero per group of 128 (no group_size
+    # in this config: the quantizers' default) = 6,979,321,856 / 128 x 2.5 = 136,314,880;
+    # embeddings, LM head and norms stay bf16: (8,030,261,248 - 6,979,321,856) x 2 =
+    # 2,101,878,784. Total 5,727,854,592 (vLLM logged 5.3494 GiB = 5,743,874,513: dp35).
     gptq = spec("kaitchup/Meta-Llama-3.1-8B-Instruct-gptq-4bit")
-    assert weights_bytes(gptq, dtype="bfloat16") == 5_591_539_712
+    assert weights_bytes(gptq, dtype="bfloat16") == 5_727_854_592
 
 
 def test_weights_in_flight_fp8_by_hand() -> None:

@@ -104,6 +104,31 @@ def vllm_defaults(hardware: Hardware, *, world_size: int = 1) -> tuple[int, int]
     return 2048, 256
 
 
+MOE_CHUNK_TOKENS: Final = 32768
+"""vllm/envs.py VLLM_FUSED_MOE_CHUNK_SIZE's default: before 0.18 the fused-MoE kernels ran
+at most this many tokens at a time (the chunking went in vLLM PR #34086, 0.18)."""
+
+
+def moe_workspace_bytes(
+    spec: ModelSpec, *, tokens: int, dtype_size: int, tp: int, version: EngineVersion
+) -> int:
+    """The fused-MoE kernel's buffers at the profiling run's token count.
+
+    vllm/model_executor/layers/fused_moe/fused_moe.py ``fused_experts_impl``: with
+    N = 2 x the expert's intermediate size per rank and K = hidden size, per token
+    ``cache13`` holds top-k x max(N, K) (intermediate_cache1 and 3 share it),
+    ``intermediate_cache2`` top-k x N / 2, and the output one x K, in the model dtype.
+    With many experts of a small intermediate size the K-wide cache, which TP does not
+    split, is most of it (Qwen3-235B: 8 x 4096 per token).
+    """
+    inter = max(spec.moe_intermediate_size, 1) // tp
+    top_k = max(spec.num_experts_per_tok, 1)
+    n = 2 * inter
+    per_token = top_k * (max(n, spec.hidden_size) + inter) + spec.hidden_size
+    chunk = tokens if version.release >= (0, 18) else min(tokens, MOE_CHUNK_TOKENS)
+    return chunk * per_token * dtype_size
+
+
 def activation_bytes(
     spec: ModelSpec,
     *,
@@ -117,16 +142,22 @@ def activation_bytes(
     (max_num_batched_tokens), then the dummy sampler over ``min(tokens, seqs)`` rows of logits.
 
     Forward: per token, a few hidden-size temporaries plus the fused QKV output and the MLP's
-    gate/up output and activation (experts: top-k of them), split across TP ranks.
+    gate/up output and activation, split across TP ranks; for MoE models the fused-MoE
+    workspaces instead of the MLP (``moe_workspace_bytes``).
     Sampler: logits [rows, vocab] in the model dtype; the V1 runner adds fp32 logits,
     softmax probabilities and exponential noise (3 x 4 bytes per logit).
     """
-    inter = spec.intermediate_size
-    if spec.is_moe:
-        inter = max(spec.moe_intermediate_size * max(spec.num_experts_per_tok, 1), inter)
     qkv = (spec.num_attention_heads + 2 * spec.num_kv_heads) * spec.head_dim
-    per_token = HIDDEN_TEMPORARIES * spec.hidden_size + (MLP_TEMPORARIES * inter + qkv) // tp
-    forward = tokens * per_token * dtype_size
+    if spec.is_moe:
+        per_token = HIDDEN_TEMPORARIES * spec.hidden_size + qkv // tp
+        forward = tokens * per_token * dtype_size
+        forward += moe_workspace_bytes(
+            spec, tokens=tokens, dtype_size=dtype_size, tp=tp, version=version
+        )
+    else:
+        inter = spec.intermediate_size
+        per_token = HIDDEN_TEMPORARIES * spec.hidden_size + (MLP_TEMPORARIES * inter + qkv) // tp
+        forward = tokens * per_token * dtype_size
     rows = min(tokens, seqs)
     sampler = rows * spec.vocab_size * (dtype_size + version.sampler_bytes_per_logit_fp32)
     return forward + sampler
