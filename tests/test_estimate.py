@@ -422,3 +422,19 @@ def test_transformers_engine_returns_a_breakdown() -> None:
     )
     assert b.non_torch_bytes == 512 * MiB
     assert b.fits
+
+
+def test_vision_tower_counted_by_hand() -> None:
+    # SigLIP of Gemma 3: 27 x (4 x 1152^2 + 2 x 1152 x 4304 + 9 x 1152 + 4304) = 411,466,608;
+    # patches 3 x 14^2 x 1152 + positions (896 / 14)^2 x 1152 = 5,395,968; post-norm 2,304;
+    # projector 1152 x 5376 = 6,193,152. Total 423,058,032.
+    assert spec("google/gemma-3-27b-it").params.vision == 423_058_032
+
+
+def test_awq_multimodal_keeps_the_vision_tower_16_bit() -> None:
+    """gaunernst/gemma-3-27b-it-int4-awq lists vision_tower and multi_modal_projector in
+    modules_to_not_convert: they load in 16-bit beside the 4-bit language model."""
+    awq = spec("gaunernst/gemma-3-27b-it-int4-awq")
+    text_only = dataclasses.replace(awq, params=dataclasses.replace(awq.params, vision=0))
+    extra = weights_bytes(awq, dtype="bfloat16") - weights_bytes(text_only, dtype="bfloat16")
+    assert extra == 423_058_032 * 2
