@@ -2,9 +2,13 @@
 
 Prints, per point and in summary: the relative error of the weights, of the KV-cache bytes
 vLLM reported, of KV bytes per token (where vLLM printed both a token count and the KV
-bytes), and whether the fits / does-not-fit verdict matched.
+bytes), and whether the fits / does-not-fit verdict matched; then the median and worst
+error of each memory part (weights %, KV cache %, CUDA graphs GiB, non-torch GiB,
+activation peak GiB, wrong verdicts) beside the model of commit 18ec457, whose per-point
+estimates are stored in bench/calibration_18ec457.json (made once with --predictions from a
+``git archive 18ec457 oominfer`` copy on PYTHONPATH).
 
-    python bench/calibration.py [--logs PATH] [--json]
+    PYTHONPATH=. python bench/calibration.py [--logs PATH] [--json | --predictions]
 
 Nothing here is tuned per point: each point's own facts (model, GPU total, flags, vLLM
 version) go in, the estimator's one set of constants does the rest.
