@@ -34,16 +34,17 @@ GRAPH_TOLERANCE_GIB = 0.25
 # (log, part) -> why the model does not match it today.
 _V0 = "V0 engine (0.6-0.7): its profiling peak and non-torch memory are modelled on V1's"
 _MOE_PEAK = (
-    "the fused-MoE profiling caches (tokens x top-k x hidden and intermediate, 128 experts, "
-    "32-64k batched tokens, expert parallel) are not modelled"
+    "expert parallelism (not a setting here: the experts' intermediate is not split by TP) "
+    "and ~2.8 GiB of FlashInfer/DeepGEMM/all-reduce workspaces (the author's figure) are "
+    "not modelled"
 )
 XFAIL: dict[tuple[str, str], str] = {
     ("dp01", "kv_cache"): f"{_V0}: 1.56 GiB estimated vs 2.36 logged",
     ("dp03", "kv_cache"): f"{_V0}: 3.20 GiB estimated vs 3.81 logged",
     ("dp04", "kv_cache"): f"{_V0}: 2.10 GiB estimated vs 2.89 logged",
     ("dp29", "kv_cache"): f"{_V0}: 4.03 GiB estimated vs 4.60 logged",
-    ("c01", "kv_cache"): f"{_MOE_PEAK}: 17.44 GiB estimated vs 12.15 logged",
-    ("c02", "kv_cache"): f"{_MOE_PEAK}: 12.57 GiB estimated vs 4.15 logged",
+    ("c01", "kv_cache"): f"{_MOE_PEAK}: 15.57 GiB estimated vs 12.15 logged",
+    ("c02", "kv_cache"): f"{_MOE_PEAK}: 8.82 GiB estimated vs 4.15 logged",
     ("c01", "verdict"): "the stand-in Qwen3-235B-A22B-FP8 has max_position_embeddings "
     "40960; the 2507 checkpoint the log ran has 262144, so 240000 is refused",
     ("c10", "kv_cache"): "a 30% vGPU slice (~24 GB) of an A100-80GB: the catalog's 80 GB "
@@ -76,7 +77,9 @@ def _cases(part: str) -> list[Any]:
 def _estimate(replayed: dict[str, dict[str, Any]], point: dict[str, Any]) -> dict[str, Any]:
     row = replayed[point["id"]]
     if "est" not in row:
-        pytest.skip(f"{point['model_id']!r}: {row['skip']}")
+        # The log has the figure but the model cannot be estimated here (multimodal or
+        # unnamed checkpoints the catalog lacks): a miss to see, not a skip.
+        pytest.xfail(f"{point['model_id']!r}: {row['skip']}")
     est: dict[str, Any] = row["est"]
     return est
 
