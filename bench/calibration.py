@@ -2,9 +2,13 @@
 
 Prints, per point and in summary: the relative error of the weights, of the KV-cache bytes
 vLLM reported, of KV bytes per token (where vLLM printed both a token count and the KV
-bytes), and whether the fits / does-not-fit verdict matched.
+bytes), and whether the fits / does-not-fit verdict matched; then the median and worst
+error of each memory part (weights %, KV cache %, CUDA graphs GiB, non-torch GiB,
+activation peak GiB, wrong verdicts) beside the model of commit 18ec457, whose per-point
+estimates are stored in bench/calibration_18ec457.json (made once with --predictions from a
+``git archive 18ec457 oominfer`` copy on PYTHONPATH).
 
-    python bench/calibration.py [--logs PATH] [--json]
+    PYTHONPATH=. python bench/calibration.py [--logs PATH] [--json | --predictions]
 
 Nothing here is tuned per point: each point's own facts (model, GPU total, flags, vLLM
 version) go in, the estimator's one set of constants does the rest.
@@ -27,6 +31,7 @@ from oominfer.hardware.hardware import Hardware
 from oominfer.memory.estimate import estimate
 from oominfer.model.catalog import catalog_entry
 from oominfer.model.load import load_spec
+from oominfer.model.spec import ModelSpec
 from oominfer.rules.versions import EngineVersion
 from oominfer.settings import EngineSettings
 
@@ -36,8 +41,26 @@ DEFAULT_LOGS = ROOT.parent / "shared" / "calibration" / "vllm_memory_logs.jsonl"
 V1_MARKERS = ("kv_cache_utils", "v1/worker", "GPU KV cache size", "Available KV cache memory")
 
 
+# Checkpoints a log names that the catalog holds under another name with the same
+# architecture and weight format (same layers, widths, vocabulary, dtype or quantization).
+# Only the model's identity is mapped: no figure of any log is.
+SAME_ARCHITECTURE: dict[str, str] = {
+    # The 2507 refresh of the FP8 MoE: same config.json shapes and FP8 block scheme.
+    "Qwen/Qwen3-235B-A22B-Instruct-2507-FP8": "Qwen/Qwen3-235B-A22B-FP8",
+    # Math fine-tune of Qwen2.5-1.5B: same 28 x 1536 shapes, tied embeddings, vocab 151936.
+    "Qwen/Qwen2.5-Math-1.5B": "Qwen/Qwen2.5-1.5B-Instruct",
+    # Qwen2-7B and Qwen2.5-7B share every shape (28 x 3584, 4 KV heads, vocab 152064).
+    "Qwen/Qwen2-7B-Instruct": "Qwen/Qwen2.5-7B-Instruct",
+    # A DPO fine-tune of Llama-3.1-8B (8,030,261,248 parameters: one token added).
+    "Llama-3.1-8B fine-tune": "meta-llama/Llama-3.1-8B",
+}
+
+
 def _model_id(text: str | None) -> str | None:
     """The first org/name in the point's model field that the catalog knows."""
+    for name, stand_in in SAME_ARCHITECTURE.items():
+        if (text or "").startswith(name):
+            return stand_in
     for candidate in re.findall(r"[\w.-]+/[\w.-]+", text or ""):
         entry = catalog_entry(candidate)
         if entry is not None:
@@ -53,9 +76,11 @@ def _gib(text: str | None) -> float | None:
 def _gpu(point: dict[str, Any]) -> GpuSpec | None:
     """The GPU as vLLM saw it: its printed CUDA total, with the named GPU's capability."""
     named = None
-    for token in re.findall(
-        r"(?:RTX \d{4}|[A-Z]\d{1,3}[A-Z]?(?:[- ]\w+)*)", point.get("gpu_model") or ""
-    ):
+    text = point.get("gpu_model") or ""
+    tokens = re.findall(r"(?:RTX \d{4}(?: Ada)?|[A-Z]\d{1,3}[A-Z]?(?:[- ]\w+)*)", text)
+    # Then the bare product words ("L40S", "H100") when the longer runs name nothing.
+    tokens += re.findall(r"\b[A-Z]+\d+[A-Z]*\b", text)
+    for token in tokens:
         try:
             named = find_gpu(token)
             break
@@ -80,6 +105,10 @@ def _version(point: dict[str, Any]) -> EngineVersion:
     if not re.search(r"\d+\.\d+", text):
         quote = point.get("quote") or ""
         text = "0.11 (V1)" if any(m in quote for m in V1_MARKERS) else "0.6 (V0)"
+    released = re.search(r"v(\d+\.\d+)", text)
+    if text.startswith("0.1.dev") and released:
+        # A main-branch build ("0.1.dev8168+g475c1a0 (... between v0.10.0 and v0.10.1)").
+        text = f"{released.group(1)} ({text})"
     return EngineVersion.parse(text)
 
 
@@ -91,16 +120,14 @@ def _dtype(text: str | None) -> str:
     return "auto"
 
 
-def replay(point: dict[str, Any]) -> dict[str, Any]:
-    """Estimate one point; returns the comparisons it supports (None where it has no data)."""
-    row: dict[str, Any] = {"id": point["id"], "model": point.get("model_id")}
+def inputs(
+    point: dict[str, Any],
+) -> tuple[ModelSpec, Hardware, EngineSettings, EngineVersion] | None:
+    """What the estimator is given for a point: its model, GPU, flags and vLLM release
+    (None when the catalog lacks the model)."""
     model_id = _model_id(point.get("model_id"))
     if model_id is None:
-        row["skip"] = "model not in the catalog"
-        return row
-    spec = load_spec(model_id)
-    version = _version(point)
-    gpu = _gpu(point)
+        return None
     tp = point.get("tensor_parallel_size") or 1
     settings = EngineSettings(
         dtype=_dtype(point.get("dtype")),  # type: ignore[arg-type]
@@ -111,7 +138,21 @@ def replay(point: dict[str, Any]) -> dict[str, Any]:
         enforce_eager=bool(point.get("enforce_eager")),
         tensor_parallel_size=tp,
     )
+    gpu = _gpu(point)
     hw = Hardware(gpu=gpu or find_gpu("A100-SXM-80GB"), count=max(tp, point.get("num_gpus") or 1))
+    return load_spec(model_id), hw, settings, _version(point)
+
+
+def replay(point: dict[str, Any]) -> dict[str, Any]:
+    """Estimate one point; returns the comparisons it supports (None where it has no data)."""
+    row: dict[str, Any] = {"id": point["id"], "model": point.get("model_id")}
+    given = inputs(point)
+    if given is None:
+        row["skip"] = "model not in the catalog"
+        return row
+    spec, hw, settings, version = given
+    model_id = spec.model_id
+    gpu = _gpu(point)
     b = estimate(spec, hardware=hw, settings=settings, version=version)
     row.update(model=model_id, version=".".join(map(str, version.release)), v1=version.v1)
 
@@ -125,7 +166,9 @@ def replay(point: dict[str, Any]) -> dict[str, Any]:
     if tokens is None and point.get("gpu_blocks") is not None:
         tokens = point["gpu_blocks"] * (point.get("block_size") or 16)
     kv_gib = point.get("kv_cache_gib")
-    if gpu is not None and kv_gib is not None and kv_gib > 0 and tokens:
+    overridden = "num-gpu-blocks-override" in (point.get("quote") or "")
+    if gpu is not None and kv_gib is not None and kv_gib > 0 and tokens and not overridden:
+        # (--num-gpu-blocks-override sets the token count whatever the KV bytes are.)
         # vLLM rounds the GiB it prints to 0.01: the per-token bytes are exact when the
         # estimate lies within that rounding.
         measured = kv_gib * GiB / tokens
@@ -142,8 +185,17 @@ def replay(point: dict[str, Any]) -> dict[str, Any]:
         if settings.max_model_len and (point.get("error") or measured_kv):
             row["verdict_ok"] = b.fits == (point.get("error") is None)
             row["fits"] = b.fits
-    row["est_kv_gib"] = round(b.kv_cache_bytes / GiB, 2)
-    row["est_weights_gib"] = round(b.weights_bytes / GiB, 3)
+    row["est"] = {
+        "weights_gib": b.weights_bytes / GiB,
+        "kv_cache_gib": b.kv_cache_bytes / GiB,
+        "cuda_graph_gib": b.cuda_graph_bytes / GiB,
+        "non_torch_gib": b.non_torch_bytes / GiB,
+        "activation_peak_gib": b.activation_bytes / GiB,
+        "fits": b.fits,
+    }
+    for part in ("cuda_graph_gib", "non_torch_gib", "activation_peak_gib"):
+        if point.get(part) is not None and (part != "cuda_graph_gib" or not settings.enforce_eager):
+            row[part.replace("_gib", "_err_gib")] = row["est"][part] - point[part]
     return row
 
 
@@ -169,6 +221,82 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+PREVIOUS = ROOT / "bench" / "calibration_18ec457.json"
+"""Each point's estimate by the memory model of commit 18ec457 (before issue 16), made once
+with ``PYTHONPATH=<git archive 18ec457 oominfer> python bench/calibration.py --predictions``:
+the comparison stays fixed while the model moves."""
+
+# (part, field of the log, relative error or GiB)
+PARTS: tuple[tuple[str, str, bool], ...] = (
+    ("weights", "weights_gib", True),
+    ("KV cache", "kv_cache_gib", True),
+    ("KV cache, V1", "kv_cache_gib", True),
+    ("CUDA graphs", "cuda_graph_gib", False),
+    ("non-torch", "non_torch_gib", False),
+    ("activation peak", "activation_peak_gib", False),
+)
+
+
+def measured_weights_gib(point: dict[str, Any]) -> float | None:
+    """The weights the log printed, in GiB."""
+    measured = point.get("weights_gib") or point.get("weights_loading_GB")
+    if measured is None and point.get("weights_loading_MB"):
+        measured = point["weights_loading_MB"] / 1024
+    return float(measured) if measured else None
+
+
+def part_errors(
+    points: list[dict[str, Any]], estimates: dict[str, dict[str, Any]]
+) -> dict[str, list[float]]:
+    """|error| of each part over the points that print it and have an estimate: relative for
+    weights and KV cache (KV only where vLLM sized it, i.e. a known GPU), GiB otherwise."""
+    out: dict[str, list[float]] = {part: [] for part, _, _ in PARTS}
+    out["verdict wrong"] = []
+    for point in points:
+        est = estimates.get(point["id"])
+        if est is None:
+            continue
+        for part, key, relative in PARTS:
+            measured = measured_weights_gib(point) if key == "weights_gib" else point.get(key)
+            if measured is None or (relative and measured <= 0):
+                continue
+            if key == "kv_cache_gib" and _gpu(point) is None:
+                continue
+            if part.endswith("V1") and not _version(point).v1:
+                continue
+            if key == "cuda_graph_gib" and point.get("enforce_eager"):
+                continue
+            error = est[key] - measured
+            out[part].append(abs(error / measured) if relative else abs(error))
+        known = point.get("max_model_len") and _gpu(point) is not None
+        if known and (point.get("error") or point.get("kv_cache_gib")):
+            out["verdict wrong"].append(float(est["fits"] != (point.get("error") is None)))
+    return out
+
+
+def comparison(points: list[dict[str, Any]], rows: list[dict[str, Any]]) -> str:
+    """Median and worst |error| of each part, this model beside 18ec457's."""
+    now = part_errors(points, {r["id"]: r["est"] for r in rows if "est" in r})
+    before = part_errors(points, json.loads(PREVIOUS.read_text()))
+    lines = [
+        f"{'part':<16} {'unit':<5} {'n':>3}  {'median':>7} {'worst':>7}   18ec457: "
+        f"{'n':>3} {'median':>7} {'worst':>7}"
+    ]
+    for part, _, relative in (*PARTS, ("verdict wrong", "", False)):
+        unit = "%" if relative else ("count" if part == "verdict wrong" else "GiB")
+
+        def cells(values: list[float], unit: str = unit, relative: bool = relative) -> str:
+            if not values:
+                return f"{0:>3} {'':>7} {'':>7}"
+            if unit == "count":
+                return f"{len(values):>3} {int(sum(values)):>7} {'':>7}"
+            k = 100 if relative else 1
+            return f"{len(values):>3} {statistics.median(values) * k:>7.2f} {max(values) * k:>7.2f}"
+
+        lines.append(f"{part:<16} {unit:<5} {cells(now[part])}   18ec457: {cells(before[part])}")
+    return "\n".join(lines)
+
+
 def load_points(path: Path) -> list[dict[str, Any]]:
     """The points of a calibration log file, one JSON object a line."""
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -179,8 +307,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--logs", type=Path, default=DEFAULT_LOGS)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--predictions",
+        action="store_true",
+        help="print only each point's estimated parts, as PREVIOUS holds them",
+    )
     args = parser.parse_args()
     rows = [replay(p) for p in load_points(args.logs)]
+    if args.predictions:
+        print(json.dumps({r["id"]: r["est"] for r in rows if "est" in r}, indent=1))
+        return 0
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
@@ -196,6 +332,8 @@ def main() -> int:
             f"{r['id']:<5} {r['version']:<5} {r['model'][:46]:<46} {_pct(r.get('weights_err')):>8} "
             f"{_pct(r.get('kv_per_token_err')):>8} {_pct(r.get('kv_bytes_err')):>9} {verdict}"
         )
+    print()
+    print(comparison(load_points(args.logs), rows))
     s = summary(rows)
     exact, verdicts = s["kv_per_token_exact"], s["verdicts"]
     print()

@@ -4,8 +4,8 @@
 vLLM version, and the memory split vLLM printed) through the estimator. The logs are
 copied into tests/data/calibration/ (from ../shared/calibration/vllm_memory_logs.jsonl) so
 this test always runs. The bounds sit a little above today's figures (weights: median
-|error| 0.21% over 16 points; KV-cache bytes: 6.6% over the 2 V1 points with a known GPU,
-11.2% over all 10): a change to the memory model that makes them worse fails here.
+|error| 0.33% over 25 points; KV-cache bytes: 3.6% over the 10 V1 points with a known GPU,
+9.8% over all 18): a change to the memory model that makes them worse fails here.
 """
 
 from __future__ import annotations
@@ -31,27 +31,29 @@ def replayed() -> tuple[list[dict[str, Any]], dict[str, Any]]:
 
 def test_every_point_is_replayed(replayed: tuple[list[dict[str, Any]], dict[str, Any]]) -> None:
     rows, s = replayed
-    assert len(rows) == 20
-    assert not [r for r in rows if "skip" in r]  # every model is in the catalog
+    assert len(rows) == 46
+    # 15 of the 26 points added with the 46-log set name models the catalog lacks
+    # (multimodal, unnamed checkpoints) under any name of the same architecture.
+    assert len([r for r in rows if "skip" in r]) == 15
     # A point that stops producing a comparison would loosen the medians unseen.
-    assert (s["weights_points"], s["kv_v1_points"], s["kv_all_points"]) == (16, 2, 10)
-    assert len(s["kv_per_token_exact"]) == 7
-    assert len(s["verdicts"]) == 10
+    assert (s["weights_points"], s["kv_v1_points"], s["kv_all_points"]) == (25, 10, 18)
+    assert len(s["kv_per_token_exact"]) == 12
+    assert len(s["verdicts"]) == 17
 
 
-def test_weights_within_a_third_of_a_percent(
+def test_weights_within_half_a_percent(
     replayed: tuple[list[dict[str, Any]], dict[str, Any]],
 ) -> None:
     _, s = replayed
-    assert s["weights_median"] <= 0.003, s["weights_median"]  # today 0.21%
+    assert s["weights_median"] <= 0.004, s["weights_median"]  # today 0.33%
 
 
-def test_kv_cache_bytes_within_eight_percent_on_v1(
+def test_kv_cache_bytes_within_four_and_a_half_percent_on_v1(
     replayed: tuple[list[dict[str, Any]], dict[str, Any]],
 ) -> None:
     _, s = replayed
-    assert s["kv_v1_median"] <= 0.08, s["kv_v1_median"]  # today 6.6%
-    assert s["kv_all_median"] <= 0.13, s["kv_all_median"]  # today 11.2%, V0-era points too
+    assert s["kv_v1_median"] <= 0.045, s["kv_v1_median"]  # today 3.6%
+    assert s["kv_all_median"] <= 0.11, s["kv_all_median"]  # today 9.8%, V0-era points too
 
 
 def test_kv_bytes_per_token_exact_and_every_verdict_right(
@@ -61,7 +63,10 @@ def test_kv_bytes_per_token_exact_and_every_verdict_right(
     assert all(s["kv_per_token_exact"]), [
         r["id"] for r in rows if r.get("kv_per_token_exact") is False
     ]
-    assert all(s["verdicts"]), [r["id"] for r in rows if r.get("verdict_ok") is False]
+    # c01 and c16 are xfails of test_calibration_logs (a stand-in's shorter trained context;
+    # a GPU shared with a foreign process).
+    wrong = [r["id"] for r in rows if r.get("verdict_ok") is False]
+    assert wrong == ["c01", "c16"], wrong
 
 
 @pytest.mark.skipif(not SHARED.is_file(), reason="no ../shared/calibration beside the checkout")

@@ -190,11 +190,12 @@ def test_weights_llama_8b_bf16() -> None:
 
 def test_weights_gptq_by_hand() -> None:
     # Projections: 32 x (41,943,040 attention + 176,160,768 MLP) = 6,979,321,856 at 4 bits
-    # (no group_size in this config: 0.5 byte each) = 3,489,660,928; embeddings, LM head and
-    # norms stay bf16: (8,030,261,248 - 6,979,321,856) x 2 = 2,101,878,784.
-    # Total 5,591,539,712.
+    # = 3,489,660,928, plus one fp16 scale and one 4-bit zero per group of 128 (no group_size
+    # in this config: the quantizers' default) = 6,979,321,856 / 128 x 2.5 = 136,314,880;
+    # embeddings, LM head and norms stay bf16: (8,030,261,248 - 6,979,321,856) x 2 =
+    # 2,101,878,784. Total 5,727,854,592 (vLLM logged 5.3494 GiB = 5,743,874,513: dp35).
     gptq = spec("kaitchup/Meta-Llama-3.1-8B-Instruct-gptq-4bit")
-    assert weights_bytes(gptq, dtype="bfloat16") == 5_591_539_712
+    assert weights_bytes(gptq, dtype="bfloat16") == 5_727_854_592
 
 
 def test_weights_in_flight_fp8_by_hand() -> None:
@@ -428,3 +429,19 @@ def test_transformers_engine_returns_a_breakdown() -> None:
     )
     assert b.non_torch_bytes == 512 * MiB
     assert b.fits
+
+
+def test_vision_tower_counted_by_hand() -> None:
+    # SigLIP of Gemma 3: 27 x (4 x 1152^2 + 2 x 1152 x 4304 + 9 x 1152 + 4304) = 411,466,608;
+    # patches 3 x 14^2 x 1152 + positions (896 / 14)^2 x 1152 = 5,395,968; post-norm 2,304;
+    # projector 1152 x 5376 = 6,193,152. Total 423,058,032.
+    assert spec("google/gemma-3-27b-it").params.vision == 423_058_032
+
+
+def test_awq_multimodal_keeps_the_vision_tower_16_bit() -> None:
+    """gaunernst/gemma-3-27b-it-int4-awq lists vision_tower and multi_modal_projector in
+    modules_to_not_convert: they load in 16-bit beside the 4-bit language model."""
+    awq = spec("gaunernst/gemma-3-27b-it-int4-awq")
+    text_only = dataclasses.replace(awq, params=dataclasses.replace(awq.params, vision=0))
+    extra = weights_bytes(awq, dtype="bfloat16") - weights_bytes(text_only, dtype="bfloat16")
+    assert extra == 423_058_032 * 2

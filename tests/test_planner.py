@@ -57,7 +57,9 @@ def test_llama8b_l4_balanced_keeps_bf16_graphs_and_concurrency() -> None:
     s = r.settings
     assert s.quantization is None and s.kv_cache_dtype == "auto"
     assert s.dtype == "bfloat16"
-    assert 8192 <= (s.max_model_len or 0) <= 32768
+    # ~33k: the graphs of 32 layers x 51 sizes take ~0.5 GiB (fitted on the logs; the model
+    # before issue 16 said 1.48 and left ~25k).
+    assert 8192 <= (s.max_model_len or 0) <= 40960
     assert s.max_num_seqs == 256 and not s.enforce_eager and s.max_num_batched_tokens is None
     assert names(r) == ["inference_mode", "dtype", "max_model_len"]
     # the longest context bf16 weights, cache and graphs allow

@@ -29,10 +29,10 @@ from oominfer.memory.kv import (
 )
 from oominfer.memory.profile import (
     CPU_RUNTIME_BYTES,
-    GRAPH_BYTES_PER_LAYER_AND_SIZE,
     NON_TORCH_BYTES,
     NON_TORCH_TP_BYTES,
     activation_bytes,
+    cuda_graph_bytes,
     vllm_defaults,
 )
 from oominfer.memory.transformers import transformers_breakdown
@@ -42,7 +42,6 @@ from oominfer.rules import kv_cache as kv_cache_rules
 from oominfer.rules import quantization as quantization_rules
 from oominfer.rules.attention import (
     block_size,
-    capture_sizes,
     max_capture_size,
     state_blocks_per_request,
     triton_mla_workspace_bytes,
@@ -142,7 +141,7 @@ def estimate(
     # Each pipeline stage profiles and sizes its own cache; vLLM then gives every stage the
     # smallest block count among them (v1/core/kv_cache_utils.py get_kv_cache_configs), so
     # the stage with the fewest blocks decides.
-    graph_sizes = capture_sizes(seqs, batched, largest=max_capture_size(gpu, spec))
+    largest = max_capture_size(gpu, spec)
     block = block_size(spec, gpu, device=device, kv_cache_dtype=s.kv_cache_dtype)
     state_blocks = state_blocks_per_request(spec, gpu, version)
     seen: dict[tuple[int, tuple[str, ...]], MemoryBreakdown] = {}
@@ -153,7 +152,16 @@ def estimate(
             continue
         graphs = 0
         if device == "cuda" and not s.enforce_eager:
-            graphs = GRAPH_BYTES_PER_LAYER_AND_SIZE * len(layers) * graph_sizes
+            graphs = cuda_graph_bytes(
+                layers=len(layers),
+                hidden_size=spec.hidden_size,
+                gpu=gpu,
+                tp=tp,
+                max_num_seqs=seqs,
+                max_num_batched_tokens=batched,
+                largest=largest,
+                version=version,
+            )
         weights = max(0, stage_bytes // tp - offload)
         overcommitted = 0
         if s.kv_cache_memory_bytes is not None:

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from typing import Final
 
-from oominfer.base.units import GiB, MiB
+from oominfer.base.units import GiB, KiB, MiB
+from oominfer.hardware.gpu import GpuSpec
 from oominfer.hardware.hardware import Hardware
 from oominfer.model.spec import ModelSpec
+from oominfer.rules.attention import graph_counts
 from oominfer.rules.versions import EngineVersion
 
 # Memory the engine holds after profiling beyond weights and activations: cuBLAS and
@@ -22,11 +24,62 @@ NON_TORCH_TP_BYTES: Final = 400 * MiB
 HIDDEN_TEMPORARIES: Final = 4
 MLP_TEMPORARIES: Final = 3
 
-# CUDA graphs: FULL_AND_PIECEWISE graphs for each capture size (capture_sizes below). vLLM
-# measures their pool by capturing a sample and (>= 0.21) subtracts it before sizing the KV
-# cache. The pool grows with layers x sizes; fitted on calibration point dp37 (Qwen3-8B,
-# 36 layers, 67 sizes: 2.24 GiB).
-GRAPH_BYTES_PER_LAYER_AND_SIZE: Final = 950 * 1024
+# CUDA graphs: the pool capture takes, per GPU, grows with the graphs captured (per
+# release: rules.attention.graph_counts) times the layers each graph spans; a PIECEWISE
+# graph holds one piece per layer, a FULL decode graph reuses most of their buffers.
+# Past two PCIe-only GPUs vLLM turns custom all-reduce off and NCCL's all-reduces are
+# captured into every graph, each with its own buffers. V0's whole-model graphs and the
+# early V1 runner (0.8-0.9, whose graphs also grow with the hidden size) have constants of
+# their own. Least squares over the calibration logs with a graph line that replay
+# (bench/fit_graphs.py: 0.7-0.26, 1-94 layers, TP 1-4; residuals there): a width term
+# came out nil and is not kept.
+# Fitted (10 logs, median |residual| 0.03 GiB, worst 0.06 GiB; c16, c10 and dp54 left out
+# as their notes say the figure holds more than the pool).
+GRAPH_BYTES_PER_LAYER_PIECEWISE: Final = 313 * KiB
+GRAPH_BYTES_PER_LAYER_FULL: Final = 19 * KiB
+GRAPH_BYTES_PER_LAYER_NCCL: Final = 201 * KiB
+GRAPH_BYTES_PER_LAYER_AND_HIDDEN_EARLY_V1: Final = 244
+GRAPH_BYTES_PER_LAYER_V0: Final = 182 * KiB
+
+
+def graph_era(version: EngineVersion) -> str:
+    """Which per-graph constant a release's capture follows: V0's whole-model graphs, the
+    early V1 runner (0.8-0.9), or the piecewise capture of 0.10 onwards."""
+    if not version.v1:
+        return "V0"
+    return "EARLY_V1" if version.release < (0, 10) else "PIECEWISE"
+
+
+def pcie_only(gpu: GpuSpec) -> bool:
+    """No NVLink between GPUs of this kind (consumer, L4/L40/A10 and PCIe data-center cards)."""
+    name = gpu.name.upper()
+    return not any(mark in name for mark in ("SXM", "NVL", "GH200", "B200", "H20-"))
+
+
+def cuda_graph_bytes(
+    *,
+    layers: int,
+    hidden_size: int,
+    gpu: GpuSpec,
+    tp: int,
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+    largest: int,
+    version: EngineVersion,
+) -> int:
+    """Memory CUDA-graph capture takes per GPU (what "Graph capturing finished ... took"
+    prints), whether or not the release reserves it before sizing the KV cache."""
+    piecewise, full = graph_counts(version, max_num_seqs, max_num_batched_tokens, largest=largest)
+    per_piece = {
+        "V0": GRAPH_BYTES_PER_LAYER_V0,
+        "EARLY_V1": GRAPH_BYTES_PER_LAYER_AND_HIDDEN_EARLY_V1 * hidden_size,
+        "PIECEWISE": GRAPH_BYTES_PER_LAYER_PIECEWISE,
+    }[graph_era(version)]
+    total = layers * (per_piece * piecewise + GRAPH_BYTES_PER_LAYER_FULL * full)
+    if tp > 2 and pcie_only(gpu):
+        total += layers * GRAPH_BYTES_PER_LAYER_NCCL * (piecewise + full)
+    return total
+
 
 # vLLM's CPU backend: the API server, the engine core and the torch runtime around the
 # weights and the KV cache. Measured here: a 22M-parameter model with a 1 GiB KV cache has a
@@ -64,6 +117,31 @@ def forward_bytes(spec: ModelSpec, *, tokens: int, dtype_size: int, tp: int) -> 
     return tokens * per_token * dtype_size
 
 
+MOE_CHUNK_TOKENS: Final = 32768
+"""vllm/envs.py VLLM_FUSED_MOE_CHUNK_SIZE's default: before 0.18 the fused-MoE kernels ran
+at most this many tokens at a time (the chunking went in vLLM PR #34086, 0.18)."""
+
+
+def moe_workspace_bytes(
+    spec: ModelSpec, *, tokens: int, dtype_size: int, tp: int, version: EngineVersion
+) -> int:
+    """The fused-MoE kernel's buffers at the profiling run's token count.
+
+    vllm/model_executor/layers/fused_moe/fused_moe.py ``fused_experts_impl``: with
+    N = 2 x the expert's intermediate size per rank and K = hidden size, per token
+    ``cache13`` holds top-k x max(N, K) (intermediate_cache1 and 3 share it),
+    ``intermediate_cache2`` top-k x N / 2, and the output one x K, in the model dtype.
+    With many experts of a small intermediate size the K-wide cache, which TP does not
+    split, is most of it (Qwen3-235B: 8 x 4096 per token).
+    """
+    inter = max(spec.moe_intermediate_size, 1) // tp
+    top_k = max(spec.num_experts_per_tok, 1)
+    n = 2 * inter
+    per_token = top_k * (max(n, spec.hidden_size) + inter) + spec.hidden_size
+    chunk = tokens if version.release >= (0, 18) else min(tokens, MOE_CHUNK_TOKENS)
+    return chunk * per_token * dtype_size
+
+
 def activation_bytes(
     spec: ModelSpec,
     *,
@@ -77,11 +155,20 @@ def activation_bytes(
     (max_num_batched_tokens), then the dummy sampler over ``min(tokens, seqs)`` rows of logits.
 
     Forward: per token, a few hidden-size temporaries plus the fused QKV output and the MLP's
-    gate/up output and activation (experts: top-k of them), split across TP ranks.
+    gate/up output and activation, split across TP ranks; for MoE models the fused-MoE
+    workspaces instead of the MLP (``moe_workspace_bytes``).
     Sampler: logits [rows, vocab] in the model dtype; the V1 runner adds fp32 logits,
     softmax probabilities and exponential noise (3 x 4 bytes per logit).
     """
-    forward = forward_bytes(spec, tokens=tokens, dtype_size=dtype_size, tp=tp)
+    if spec.is_moe:
+        qkv = (spec.num_attention_heads + 2 * spec.num_kv_heads) * spec.head_dim
+        per_token = HIDDEN_TEMPORARIES * spec.hidden_size + qkv // tp
+        forward = tokens * per_token * dtype_size
+        forward += moe_workspace_bytes(
+            spec, tokens=tokens, dtype_size=dtype_size, tp=tp, version=version
+        )
+    else:
+        forward = forward_bytes(spec, tokens=tokens, dtype_size=dtype_size, tp=tp)
     rows = min(tokens, seqs)
     sampler = rows * spec.vocab_size * (dtype_size + version.sampler_bytes_per_logit_fp32)
     return forward + sampler

@@ -114,8 +114,9 @@ def stage_weights(spec: ModelSpec, *, dtype: str, quantization: str | None, pp: 
 
     layers = [layer(i) for i in range(spec.num_layers)]
     embedding, lm_head, final = p.embedding * elem, p.lm_head * elem, p.final * elem
+    vision = p.vision * elem  # on the first stage, with the embedding
     scale = weights_bytes(spec, dtype=dtype, quantization=quantization) / (
-        embedding + lm_head + final + sum(layers)
+        embedding + lm_head + final + vision + sum(layers)
     )
     pad = -spec.vocab_size % VOCAB_PADDING * spec.hidden_size * elem
     out = []
@@ -123,7 +124,7 @@ def stage_weights(spec: ModelSpec, *, dtype: str, quantization: str | None, pp: 
         size = sum(layers[i] for i in stage) * scale
         first, last = index == 0, index == pp - 1
         if first:
-            size += embedding * scale + pad
+            size += (embedding + vision) * scale + pad
         if last:
             size += final * scale
             if spec.tie_word_embeddings:

@@ -281,6 +281,9 @@ def _default_len(r: ConfigReader, derived: int) -> int:
     return derived
 
 
+GROUP_SIZE_DEFAULT: Final = 128
+
+
 def _quant_spec(qc: ConfigReader | None, model_id: str) -> QuantSpec | None:
     """The weight format of a pre-quantized checkpoint, from its quantization_config."""
     if qc is None:
@@ -290,6 +293,10 @@ def _quant_spec(qc: ConfigReader | None, model_id: str) -> QuantSpec | None:
     match method:
         case "awq" | "gptq" | "awq_marlin" | "gptq_marlin" | "auto-round" | "auto_round":
             bits = qc.integer("bits", "w_bit", default=4)
+            if all(qc.cfg.get(key) is None for key in ("group_size", "q_group_size")):
+                # No group size written: the quantizers' default (transformers GPTQConfig,
+                # AutoAWQ, AutoRound: 128); -1 (one scale per channel) stays None.
+                group = GROUP_SIZE_DEFAULT
             if not bits:
                 raise qc.invalid("bits", bits, "a positive number of bits")
             name = "gptq" if method.startswith("auto") else method.removesuffix("_marlin")

@@ -119,7 +119,39 @@ def param_counts(
         layer_experts=tuple(experts),
         layer_other=tuple(other),
         final=hidden + positions,
+        vision=vision_params(r, text_hidden=hidden),
     )
+
+
+def vision_params(r: ConfigReader, *, text_hidden: int) -> int:
+    """Parameters of a multimodal checkpoint's vision tower and projector (``vision_config``).
+
+    A ViT: per layer the q/k/v/o projections (4 h^2), the MLP (2 h i), their biases and two
+    norms; the patch embedding (channels x temporal x patch^2 x h), the position table and
+    the projector to the language model (h x text hidden; with a spatial merge of m x m
+    patches, Qwen-VL's merger: (m^2 h)^2 + m^2 h x out). Towers with extra blocks (mllama's
+    global layers, Llama-4's adapter) are counted by this common part only.
+    """
+    v = r.section("vision_config")
+    if v is None:
+        return 0
+    layers = v.integer("num_hidden_layers", "depth", default=0)
+    hidden = v.integer("hidden_size", "embed_dim", default=0)
+    if not layers or not hidden:
+        return 0
+    inter = v.integer("intermediate_size", default=4 * hidden)
+    patch = v.integer("patch_size", default=14)
+    channels = v.integer("num_channels", "in_channels", default=3)
+    temporal = v.integer("temporal_patch_size", default=1)
+    image = v.integer("image_size", default=0)
+    positions = v.integer("num_position_embeddings", default=(image // patch) ** 2 if image else 0)
+    merge = v.integer("spatial_merge_size", default=1)
+    out = v.integer("out_hidden_size", default=text_hidden)
+    per_layer = 4 * hidden * hidden + 2 * hidden * inter + 9 * hidden + inter
+    merged = merge * merge * hidden
+    projector = merged * merged + merged * out if merge > 1 else hidden * out
+    embed = channels * temporal * patch * patch * hidden + positions * hidden
+    return layers * per_layer + embed + 2 * hidden + projector
 
 
 def _dense_layers(r: ConfigReader, layers: int, n_experts: int) -> set[int]:

@@ -83,12 +83,16 @@ class ParamCounts:
     """Per layer: norms, biases, routers, SSM parameters (kept in 16-bit by every scheme)."""
     final: int
     """Final norm and learned position embeddings."""
+    vision: int = 0
+    """The vision tower and its projector (multimodal checkpoints): kept in 16-bit, as
+    quantized checkpoints leave them (``modules_to_not_convert``/``ignore``)."""
 
     @property
     def total(self) -> int:
         """All parameters."""
         return (
-            self.embedding
+            self.vision
+            + self.embedding
             + self.lm_head
             + sum(self.layer_linear)
             + sum(self.layer_experts)

@@ -97,8 +97,46 @@ def triton_mla_workspace_bytes(
     return max_num_seqs * heads * splits * (spec.kv_lora_rank + 1) * 4
 
 
-def capture_sizes(max_num_seqs: int, max_num_batched_tokens: int, *, largest: int = 512) -> int:
-    """How many batch sizes vLLM captures CUDA graphs for (one token per decode step):
+V0_CAPTURE_LIMIT: Final = 256
+"""V0 (vllm/worker/model_runner.py _BATCH_SIZES_TO_CAPTURE): [1, 2, 4] + multiples of 8 up to
+256, those up to max_num_seqs."""
+
+
+def _old_list(top: int) -> list[int]:
+    """The capture list of 0.8-0.11 (vllm/config.py, before 0.12): [1, 2, 4] + multiples of 8."""
+    return [s for s in (1, 2, 4, *range(8, top + 1, 8)) if s <= top]
+
+
+def graph_counts(
+    version: EngineVersion, max_num_seqs: int, max_num_batched_tokens: int, *, largest: int = 512
+) -> tuple[int, int]:
+    """(PIECEWISE, FULL) graphs vLLM captures, per its release's graph mode.
+
+    Read from the logs' "Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): N" and
+    "(decode, FULL): N" bars and "Profiling CUDA graph memory: PIECEWISE=51 (largest=512),
+    FULL=35 (largest=256)":
+
+    - V0: one graph per size of [1, 2, 4, 8, ..., 256] up to max_num_seqs, no FULL kind.
+    - 0.8-0.11: PIECEWISE graphs for [1, 2, 4, 8, 16, ..., 512] (67 sizes) whatever
+      max_num_seqs is (capped only by max_num_batched_tokens); from 0.11 (FULL_AND_PIECEWISE
+      by default) FULL decode graphs for those sizes up to max_num_seqs too.
+    - 0.12+: the list of ``capture_sizes`` up to min(2 x max_num_seqs, largest,
+      max_num_batched_tokens) as PIECEWISE, and its sizes up to max_num_seqs as FULL.
+    """
+    if not version.v1:
+        return len([s for s in _old_list(V0_CAPTURE_LIMIT) if s <= max_num_seqs]), 0
+    if version.release < (0, 12):
+        piecewise = len(_old_list(min(largest, max_num_batched_tokens)))
+        full = len(_old_list(min(largest, max_num_seqs))) if version.release >= (0, 11) else 0
+        return piecewise, full
+    sizes = capture_size_list(max_num_seqs, max_num_batched_tokens, largest=largest)
+    return len(sizes), len([s for s in sizes if s <= max_num_seqs])
+
+
+def capture_size_list(
+    max_num_seqs: int, max_num_batched_tokens: int, *, largest: int = 512
+) -> list[int]:
+    """The batch sizes vLLM (0.12+) captures CUDA graphs for (one token per decode step):
     [1, 2, 4] + range(8, 256, 8) + range(256, top + 1, 16), plus max_num_batched_tokens
     and max_num_seqs when within the top, top = min(2 x max_num_seqs, largest,
     max_num_batched_tokens)."""
@@ -113,4 +151,9 @@ def capture_sizes(max_num_seqs: int, max_num_batched_tokens: int, *, largest: in
     if max_num_batched_tokens <= top:
         sizes.add(max_num_batched_tokens)
     sizes |= {s for s in decode if s <= max_num_batched_tokens}
-    return len(sizes)
+    return sorted(sizes)
+
+
+def capture_sizes(max_num_seqs: int, max_num_batched_tokens: int, *, largest: int = 512) -> int:
+    """How many batch sizes vLLM (0.12+) captures (``capture_size_list``)."""
+    return len(capture_size_list(max_num_seqs, max_num_batched_tokens, largest=largest))

@@ -22,7 +22,10 @@ class EngineVersion:
     v1: bool
     """The V1 engine (0.8+); V0 profiled differently and kept no null block."""
     graphs_in_budget: bool
-    """CUDA-graph memory is estimated and subtracted before KV sizing (0.21+)."""
+    """CUDA-graph memory is estimated and subtracted before KV sizing (0.20+: a 0.19 log
+    says "In v0.19, CUDA graph memory profiling will be enabled by default" and sizes the KV
+    cache without it; a 0.20 log prints "Estimated CUDA graph memory" before "Available KV
+    cache memory" and the KV cache it leaves)."""
     model_runner_v2: bool
     mla_latent: bool
     """MLA models cache the compressed latent (0.7+); before, K and V were expanded."""
@@ -56,11 +59,12 @@ class EngineVersion:
                 hint="Pass --engine-version as X.Y, e.g. 0.33.",
             )
         release = (int(m.group(1)), int(m.group(2)))
-        v1 = release >= (0, 8) and "v0" not in version.lower()
+        # "V0 engine", "(V0)"; not the "v0.10.0" of a version number.
+        v1 = release >= (0, 8) and not re.search(r"\bv0\b(?!\.)", version.lower())
         return cls(
             release=release,
             v1=v1,
-            graphs_in_budget=release >= (0, 21),
+            graphs_in_budget=release >= (0, 20),
             model_runner_v2=release >= (0, 32),
             mla_latent=release >= (0, 7),
             always_chunked_prefill=v1,

@@ -1,0 +1,114 @@
+"""Fit the CUDA-graph memory constants of oominfer/memory/profile.py on the calibration logs.
+
+    PYTHONPATH=. python bench/fit_graphs.py [--logs PATH]
+
+Every log with a "Graph capturing finished ... took X GiB" line whose model the catalog
+holds (bench/calibration.py ``inputs``) is one equation:
+
+    X = layers x (piecewise x PER_GRAPH[era] + full x FULL
+                  + (piecewise + full) x NCCL [TP > 2 on PCIe-only GPUs])
+
+    era: V0 (whole-model graphs), EARLY_V1 (0.8-0.9: per unit of hidden size too, the
+    early runner kept each size's activations), PIECEWISE (0.10+)
+
+with the graph counts of ``rules.attention.graph_counts`` for the log's release and
+flags. Least squares (non-negative: a graph cannot give memory back) over those rows; prints
+the constants in KiB and each log's residual. Logs whose figure is not the graph pool alone
+(a GPU shared with other engines, a vGPU slice: see their notes) are listed and left out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+from calibration import DEFAULT_LOGS, inputs, load_points
+
+from oominfer.base.units import GiB, KiB
+from oominfer.memory.estimate import estimate
+from oominfer.memory.profile import graph_era, pcie_only
+from oominfer.rules.attention import graph_counts, max_capture_size
+
+# Logs whose "took" line measures more than the graph pool, by their own notes: c16 ran
+# four engines at once beside a foreign process (the free-memory delta counts theirs);
+# c10 is a 30% vGPU slice of an A100 whose free-memory readings are distorted.
+# dp54 captures LoRA's Punica buffers with the graphs.
+NOT_THE_POOL_ALONE = {
+    "c16": "four engines and a foreign process on the GPU",
+    "c10": "vGPU slice",
+    "dp54": "LoRA buffers captured too",
+}
+NAMES = ("PIECEWISE", "FULL", "NCCL", "EARLY_V1", "V0")
+
+
+def nnls(a: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares with the negative coefficients dropped, one at a time, and refitted."""
+    keep = list(range(a.shape[1]))
+    while True:
+        coef = np.zeros(a.shape[1])
+        coef[keep] = np.linalg.lstsq(a[:, keep], y, rcond=None)[0]
+        negative = [i for i in keep if coef[i] < 0]
+        if not negative:
+            return coef
+        keep.remove(min(negative, key=lambda i: coef[i]))
+
+
+def rows(path: Path) -> list[tuple[str, list[float], float]]:
+    """(id, features, measured bytes) for each usable log."""
+    out = []
+    for point in load_points(path):
+        if point.get("cuda_graph_gib") is None or point.get("enforce_eager"):
+            continue
+        if point["id"] in NOT_THE_POOL_ALONE:
+            continue
+        given = inputs(point)
+        if given is None:
+            continue
+        spec, hw, settings, version = given
+        b = estimate(spec, hardware=hw, settings=settings, version=version)
+        piecewise, full = graph_counts(
+            version,
+            b.max_num_seqs,
+            b.max_num_batched_tokens,
+            largest=max_capture_size(hw.gpu, spec),
+        )
+        layers = spec.num_layers // settings.pipeline_parallel_size
+        nccl = settings.tensor_parallel_size > 2 and pcie_only(hw.gpu)
+        era = graph_era(version)
+        features = [
+            layers * piecewise if era == "PIECEWISE" else 0,
+            layers * full,
+            layers * (piecewise + full) if nccl else 0,
+            layers * piecewise * spec.hidden_size if era == "EARLY_V1" else 0,
+            layers * piecewise if era == "V0" else 0,
+        ]
+        out.append((point["id"], [float(f) for f in features], point["cuda_graph_gib"] * GiB))
+    return out
+
+
+def main() -> int:
+    """Fit and print the constants and residuals."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--logs", type=Path, default=DEFAULT_LOGS)
+    args = parser.parse_args()
+    data = rows(args.logs)
+    a = np.array([f for _, f, _ in data])
+    y = np.array([m for _, _, m in data])
+    coef = nnls(a, y)
+    for name, c in zip(NAMES, coef, strict=True):
+        if name == "EARLY_V1":
+            print(f"GRAPH_BYTES_PER_LAYER_EARLY_V1 (per unit of hidden size): {c:.1f} B")
+        else:
+            print(f"GRAPH_BYTES_PER_LAYER_{name}: {c / KiB:.0f} KiB")
+    residuals = a @ coef - y
+    for (pid, _, measured), r in zip(data, residuals, strict=True):
+        print(f"{pid:<5} measured {measured / GiB:5.2f} GiB  fitted {(measured + r) / GiB:5.2f}")
+    print(f"{len(data)} logs; median |residual| {np.median(np.abs(residuals)) / GiB:.2f} GiB")
+    print("left out:", ", ".join(f"{k} ({v})" for k, v in NOT_THE_POOL_ALONE.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

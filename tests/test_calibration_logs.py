@@ -1,0 +1,121 @@
+"""One test per calibration log and memory part: the estimate stays near what vLLM printed.
+
+Each log of tests/data/calibration/vllm_memory_logs.jsonl is replayed through the estimator
+(bench/calibration.py ``replay``: the log's model, GPU, flags and vLLM release in, nothing
+tuned per log) and each part it printed is held to a stated tolerance:
+
+- weights: within 3% of "Model loading took" (the set's median is 0.3%);
+- KV cache: within 10% of "Available KV cache memory" where the GPU is known;
+- CUDA graphs: within 0.25 GiB of "Graph capturing finished ... took";
+- the verdict: FITS exactly when vLLM started.
+
+A log the model does not match is an xfail (strict) with the reason, so a fix shows up as
+an XPASS to turn into a pass, and a drift on any other log fails.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _pure_fixtures import offline_hub  # noqa: F401 - autouse fixture
+from _scripts import load_script
+
+REPO = Path(__file__).resolve().parents[1]
+LOGS = REPO / "tests" / "data" / "calibration" / "vllm_memory_logs.jsonl"
+BENCH = load_script("bench/calibration.py")
+POINTS = BENCH.load_points(LOGS)
+
+WEIGHTS_TOLERANCE = 0.03
+KV_TOLERANCE = 0.10
+GRAPH_TOLERANCE_GIB = 0.25
+
+# (log, part) -> why the model does not match it today.
+_V0 = "V0 engine (0.6-0.7): its profiling peak and non-torch memory are modelled on V1's"
+_MOE_PEAK = (
+    "expert parallelism (not a setting here: the experts' intermediate is not split by TP) "
+    "and ~2.8 GiB of FlashInfer/DeepGEMM/all-reduce workspaces (the author's figure) are "
+    "not modelled"
+)
+XFAIL: dict[tuple[str, str], str] = {
+    ("dp01", "kv_cache"): f"{_V0}: 1.56 GiB estimated vs 2.36 logged",
+    ("dp03", "kv_cache"): f"{_V0}: 3.20 GiB estimated vs 3.81 logged",
+    ("dp04", "kv_cache"): f"{_V0}: 2.10 GiB estimated vs 2.89 logged",
+    ("dp29", "kv_cache"): f"{_V0}: 4.03 GiB estimated vs 4.60 logged",
+    ("c01", "kv_cache"): f"{_MOE_PEAK}: 15.57 GiB estimated vs 12.15 logged",
+    ("c02", "kv_cache"): f"{_MOE_PEAK}: 8.82 GiB estimated vs 4.15 logged",
+    ("c01", "verdict"): "the stand-in Qwen3-235B-A22B-FP8 has max_position_embeddings "
+    "40960; the 2507 checkpoint the log ran has 262144, so 240000 is refused",
+    ("c10", "kv_cache"): "a 30% vGPU slice (~24 GB) of an A100-80GB: the catalog's 80 GB "
+    "total is all the replay knows",
+    ("c19", "kv_cache"): "only 16.58 of 23.52 GiB free at start (Ollama on the GPU) and the "
+    "author's 'approximate' transcription: 6.35 GiB estimated vs 7.48",
+    ("dp54", "cuda_graphs"): "LoRA's Punica buffers are captured with the graphs",
+    ("c16", "cuda_graphs"): "four engines and a foreign process share the GPU: the "
+    "free-memory delta vLLM prints (3.49 GiB) is not the pool alone",
+    ("c16", "verdict"): "0.11 does not budget graph memory and a foreign 494 MiB process "
+    "shares the GPU: the OOM after capture needs the headroom above gpu_memory_utilization, "
+    "which the model does not check",
+}
+
+
+@pytest.fixture(scope="module")
+def replayed() -> dict[str, dict[str, Any]]:
+    return {p["id"]: BENCH.replay(p) for p in POINTS}
+
+
+def _cases(part: str) -> list[Any]:
+    cases = []
+    for point in POINTS:
+        reason = XFAIL.get((point["id"], part))
+        marks = [pytest.mark.xfail(reason=reason, strict=True)] if reason else []
+        cases.append(pytest.param(point, id=point["id"], marks=marks))
+    return cases
+
+
+def _estimate(replayed: dict[str, dict[str, Any]], point: dict[str, Any]) -> dict[str, Any]:
+    row = replayed[point["id"]]
+    if "est" not in row:
+        # The log has the figure but the model cannot be estimated here (multimodal or
+        # unnamed checkpoints the catalog lacks): a miss to see, not a skip.
+        pytest.xfail(f"{point['model_id']!r}: {row['skip']}")
+    est: dict[str, Any] = row["est"]
+    return est
+
+
+@pytest.mark.parametrize("point", _cases("weights"))
+def test_weights(replayed: dict[str, dict[str, Any]], point: dict[str, Any]) -> None:
+    measured = BENCH.measured_weights_gib(point)
+    if measured is None:
+        pytest.skip("the log prints no weights")
+    est = _estimate(replayed, point)["weights_gib"]
+    assert abs(est / measured - 1) <= WEIGHTS_TOLERANCE, (est, measured)
+
+
+@pytest.mark.parametrize("point", _cases("kv_cache"))
+def test_kv_cache(replayed: dict[str, dict[str, Any]], point: dict[str, Any]) -> None:
+    measured = point.get("kv_cache_gib")
+    if not measured or measured <= 0 or BENCH._gpu(point) is None:
+        pytest.skip("the log prints no KV cache on a known GPU")
+    est = _estimate(replayed, point)["kv_cache_gib"]
+    assert abs(est / measured - 1) <= KV_TOLERANCE, (est, measured)
+
+
+@pytest.mark.parametrize("point", _cases("cuda_graphs"))
+def test_cuda_graphs(replayed: dict[str, dict[str, Any]], point: dict[str, Any]) -> None:
+    measured = point.get("cuda_graph_gib")
+    if measured is None or point.get("enforce_eager"):
+        pytest.skip("the log prints no graph capture")
+    est = _estimate(replayed, point)["cuda_graph_gib"]
+    assert abs(est - measured) <= GRAPH_TOLERANCE_GIB, (est, measured)
+
+
+@pytest.mark.parametrize("point", _cases("verdict"))
+def test_verdict(replayed: dict[str, dict[str, Any]], point: dict[str, Any]) -> None:
+    if not point.get("max_model_len") or BENCH._gpu(point) is None:
+        pytest.skip("the log lacks max_model_len or a known GPU")
+    if not (point.get("error") or point.get("kv_cache_gib")):
+        pytest.skip("the log shows neither a failure nor a KV cache")
+    fits = _estimate(replayed, point)["fits"]
+    assert fits == (point.get("error") is None)
