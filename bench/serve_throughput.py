@@ -11,6 +11,16 @@ p50/p99 latency of one request. Issue #4 asks for the transformers backend and v
 same model under the same load, and the overhead of `oominfer serve` over launching vLLM by
 hand (``vllm`` vs ``oominfer-vllm``: same flags, same model, same load). vLLM runs bfloat16
 with a 256 MiB KV cache; the transformers backend float32 (its fast path on the CPU).
+
+``transformers-serve`` is transformers' own ``transformers serve --continuous-batching``
+(5.19), weighed against oominfer's server for issue 15. Measured on the tiny model, 8 clients x
+4 requests x 32 tokens, float32 on 2 shared CPU cores, two rounds: 21 and 28 tokens/s (p50
+11.5 s, 8.0 s) against 550 and 1,393 tokens/s (p50 0.39 s, 0.15 s). It refuses ``ignore_eos``
+(422); with its KV cache left to its default on the CPU the first request grew it to 20 GB and
+the kernel killed it; bitsandbytes 8-bit and 4-bit and streaming work; one out-of-memory error
+in a forward pass (a torch forward pre-hook) failed both requests in flight with 503 and killed
+its batching worker: every later request got 503 and ``/health`` turned 503 ("cb_worker_dead"),
+where oominfer's scheduler splits the batch and loses none. oominfer's server stays.
 """
 
 from __future__ import annotations

@@ -384,12 +384,14 @@ def test_over_cap_connections_get_503_while_every_one_is_busy(serve: type[Serve]
 
 
 def test_over_cap_an_idle_connection_makes_room(serve: type[Serve]) -> None:
+    """Two idle connections fill the cap: a third closes the one idle longest, and only it."""
     srv = limited(serve, max_connections=2)
-    idle = [socket.create_connection(("127.0.0.1", srv.port)) for _ in range(2)]
+    idle = [socket.create_connection(("127.0.0.1", srv.port), timeout=1.0) for _ in range(2)]
     time.sleep(0.2)
     assert httpx.get(srv.url + "/health", timeout=5).status_code == 200
-    closed = [s.recv(1) == b"" for s in idle]  # the one idle longest was closed
-    assert closed[0]
+    assert idle[0].recv(1) == b""  # closed by the server
+    with pytest.raises(TimeoutError):  # still open (keep-alive closes it only after 5 s)
+        idle[1].recv(1)
     for s in idle:
         s.close()
     srv.close()

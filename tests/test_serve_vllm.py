@@ -151,6 +151,17 @@ def test_completion(client: Any, server: Server) -> None:
     assert reply.choices[0].finish_reason == "length"
 
 
+def test_metrics_are_vllms_then_the_fronts(client: Any, server: Server) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    client.completions.create(model=_model(server), prompt="Hello", max_tokens=2)
+    text = httpx.get(server.base + "/metrics", timeout=30).text
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    assert "vllm:num_requests_waiting" in families  # what the KEDA ScaledObject reads
+    front = families["oominfer_front_requests"].samples
+    assert any(s.labels == {"path": "/v1/completions", "status": "200"} for s in front)
+
+
 def test_chat_completion(client: Any, server: Server) -> None:
     reply = client.chat.completions.create(
         model=_model(server), messages=[{"role": "user", "content": "Hi there"}], max_tokens=4
