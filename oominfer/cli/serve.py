@@ -11,7 +11,8 @@ from click.core import ParameterSource
 
 from oominfer.base.errors import InvalidSettingError, PlanError
 from oominfer.cli.fit import fit_from_flags
-from oominfer.cli.options import device_of, fit_options
+from oominfer.cli.options import QUIET, device_of, fit_options
+from oominfer.cli.progress import Progress
 from oominfer.planning.document import Plan
 from oominfer.settings import Device, Engine
 
@@ -114,16 +115,20 @@ def check_engine(engine: Engine, device: Device) -> None:
 @click.option("--require-verified", is_flag=True, help="Refuse a plan the engine never ran.")
 @click.option("--grace-period", type=click.IntRange(min=0), default=30, show_default=True,
               help="Seconds in-flight requests may take to finish after SIGTERM.")  # fmt: skip
+@QUIET
 @fit_options
 @click.argument("extra", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 def serve(ctx: click.Context, /, target: str, host: str, port: int, api_key: str | None,
-          require_verified: bool, grace_period: int, extra: tuple[str, ...],
+          require_verified: bool, grace_period: int, quiet: bool, extra: tuple[str, ...],
           **opts: Any) -> None:  # fmt: skip
     """Serve a plan (or fit MODEL first) behind the OpenAI API.
 
     TARGET is a plan.json written by `oominfer fit`, or a model (then the fit flags apply;
-    given with a plan, they are refused rather than ignored). Flags after `--` go to vLLM;
+    given with a plan, they are refused rather than ignored). A model is verified on the
+    engine that then serves it: one launch from command to serving, the verification's
+    requests its warm-up (a second launch only when the verification corrects the plan).
+    Flags after `--` go to vLLM;
     one that the plan sets must agree with it. On SIGTERM, SIGINT or SIGHUP it drains: exits 0
     when every request in flight finished, 6 when some were cut at the end of --grace-period;
     3 or 4 when the engine fails (for memory, or otherwise).
@@ -136,18 +141,24 @@ def serve(ctx: click.Context, /, target: str, host: str, port: int, api_key: str
     """
     from oominfer.engines.vllm import to_vllm_args
     from oominfer.planning.document import read_plan
+    from oominfer.runtime.process import LiveEngine, stop
     from oominfer.serving.extra import merge_extra
-    from oominfer.serving.run import local_replicas, run
+    from oominfer.serving.run import bind, local_replicas, run
 
     plan: Plan
+    handed: list[LiveEngine] = []
     if is_plan_file(target):
         plan = read_plan(Path(target))
         refuse_fit_flags(ctx, target, plan.model_id)
         check_engine(plan.engine, plan.device)
+        merge_extra(plan, extra)  # a flag contradicting the plan is refused before anything runs
+        sock = bind(host, port)
     else:
         check_engine(opts["engine"], device_of(opts))
-        plan, _ = fit_from_flags(target, opts)
-    merge_extra(plan, extra)  # a flag contradicting the plan is refused before anything runs
+        sock = bind(host, port)  # a taken port fails now, not after minutes of fitting
+        plan, _ = fit_from_flags(target, opts, Progress(quiet=quiet), on_ready=handed.append,
+                                 api_key=api_key, extra_args=extra)  # fmt: skip
+        merge_extra(plan, extra)  # the engine kept (if any) dies at exit when this refuses
     if not plan.verified:
         if require_verified:
             raise PlanError(
@@ -163,13 +174,20 @@ def serve(ctx: click.Context, /, target: str, host: str, port: int, api_key: str
     )
     warn_engine_version(plan)
     replicas = local_replicas(plan, _visible_gpus())
+    engine = handed[-1] if handed else None
     if replicas > 1:
         click.echo(
             f"Running {replicas} replicas of {plan.gpu_count} GPU(s) with vLLM's "
             f"--data-parallel-size {replicas}.",
             err=True,
         )
+        if engine is not None:  # verified on one replica's GPUs: the others need a new launch
+            stop(engine.proc)
+            engine = None
+    if engine is not None and not quiet:
+        click.echo(f"Serving from the engine that verified the plan (log {engine.log_path}).",
+                   err=True)  # fmt: skip
     status = run(plan, host=host, port=port, extra=list(extra), api_key=api_key,
-                 grace_period=grace_period, replicas=replicas,
+                 grace_period=grace_period, replicas=replicas, engine=engine, sock=sock,
                  on_failure=lambda why: click.secho(why, err=True, fg="red"))  # fmt: skip
     raise SystemExit(status)
