@@ -41,7 +41,7 @@ from oominfer.runtime.environment import engine_env
 from oominfer.runtime.process import STOP_SIGNALS, LiveEngine, free_port, start_engine, stop
 from oominfer.runtime.status import LogFacts, ProbeStatus
 from oominfer.serving.extra import merge_extra
-from oominfer.verify.prober import failure_of
+from oominfer.verify.prober import ProbeResult, failure_of
 
 if TYPE_CHECKING:
     from oominfer.serving.front import Front
@@ -350,6 +350,23 @@ def run(
     if not session.engine_failed:
         return int(outcome)
     return int(_engine_failure(plan, status, "".join(kept), on_failure))
+
+
+def failed_verification(
+    plan: Plan, result: ProbeResult, on_failure: Callable[[str], None] | None
+) -> int:
+    """The exit code (``ServeExit``) for a plan whose verifying launch failed, and why, told
+    to ``on_failure``: 3 when the engine ran short of memory, 4 otherwise."""
+    code = ServeExit.ENGINE_FAILED
+    why = None
+    if result.status.is_memory:
+        code = ServeExit.DOES_NOT_FIT
+        why = _explain(plan, result.facts)
+    if why is None:
+        why = f"The engine failed at start ({result.status.value}): {result.detail}"
+    if on_failure is not None:
+        on_failure(f"{why.rstrip('.')}. Its log is {result.log_path}.")
+    return int(code)
 
 
 def _engine_failure(
