@@ -82,6 +82,7 @@ def main() -> None:
     env = {**os.environ, "VLLM_CACHE_ROOT": str(work / "vllm-cache"),
            "OOMINFER_CACHE_DIR": str(work / "oominfer-cache"), "HF_HUB_OFFLINE": "1",
            "VLLM_NO_USAGE_STATS": "1"}  # fmt: skip
+    os.environ.update(env)  # the AMX probe's answer, cached once, serves both sides
     kv = str(parse_size(args.kv_cache))
     fit_flags = ["--device", "cpu", "--memory", "8GiB", "--kv-cache-memory-bytes", kv,
                  "--max-model-len", str(args.max_model_len)]  # fmt: skip

