@@ -6,11 +6,13 @@ from __future__ import annotations
 import functools
 import io
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 from huggingface_hub.utils import tqdm as hub_tqdm
+from huggingface_hub.utils.tqdm import enable_progress_bars
 
 from oominfer.cli import main
 from oominfer.cli.progress import Progress
@@ -30,6 +32,13 @@ GPU_STARTUP = [
     "[gpu_model_runner.py:2326] Graph capturing finished in 23 secs, took 2.24 GiB",
     "INFO:     Application startup complete.",
 ]
+
+
+@pytest.fixture(autouse=True)
+def _hub_bars_back_on() -> Iterator[None]:
+    """A quiet Progress turns huggingface_hub's bars off for the whole process: on again."""
+    yield
+    enable_progress_bars()
 
 
 def _phases(lines: list[str]) -> list[str]:
@@ -85,6 +94,7 @@ def test_a_line_that_recurs_cannot_pull_the_phase_back() -> None:
 def test_a_download_bar_as_huggingface_hub_draws_it() -> None:
     """huggingface_hub's own tqdm (the one hf_hub_download uses), drawn into a log: bytes,
     the rate and the time left; the last redraw after the last carriage return counts."""
+    enable_progress_bars()  # whatever a quiet command earlier in this process did
     drawn = io.StringIO()
     bar = hub_tqdm(total=4_980_000_000, unit="B", unit_scale=True, unit_divisor=1024,
                    desc="model-00001-of-00004.safetensors", file=drawn, mininterval=0)  # fmt: skip
