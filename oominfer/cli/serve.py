@@ -109,9 +109,12 @@ def check_engine(engine: Engine, device: Device) -> None:
         )
 
 
-def _verifies_here(plan: Plan, visible_gpus: int | None) -> bool:
-    """A vLLM plan can be proved here: on the CPU, or where GPUs are visible."""
-    return plan.engine == "vllm" and (plan.device == "cpu" or visible_gpus is not None)
+def _verifies_here(plan: Plan, visible_gpus: int | None, replicas: int) -> bool:
+    """A vLLM plan can be proved here, on the engine that serves it: on the CPU, or where GPUs
+    are visible, and as one replica (several run as one vLLM server with data parallelism,
+    which the probe does not start)."""
+    on_device = plan.device == "cpu" or visible_gpus is not None
+    return plan.engine == "vllm" and replicas == 1 and on_device
 
 
 def _verify_first(
@@ -206,7 +209,8 @@ def serve(ctx: click.Context, /, target: str, host: str, port: int, api_key: str
         merge_extra(plan, extra)  # the engine kept (if any) dies at exit when this refuses
     visible = _visible_gpus()
     replicas = local_replicas(plan, visible)
-    if not plan.verified and replicas == 1 and _verifies_here(plan, visible):
+    # A model was fitted as asked (verified, or --no-verify kept); a plan is verified here.
+    if is_plan_file(target) and not plan.verified and _verifies_here(plan, visible, replicas):
         status = _verify_first(plan, extra, api_key, progress, handed)
         if status is not None:
             raise SystemExit(status)
