@@ -236,10 +236,16 @@ def main(argv: list[str]) -> None:
         time.sleep(float(os.environ.get("FAKE_START_S", "2")))
     Handler.model = args.get("served-model-name") or args.get("model", "fake")
     Handler.max_model_len = int(args.get("max-model-len") or 2048)
-    server = ThreadingHTTPServer((args.get("host", "127.0.0.1"), int(args["port"])), Handler)
+    server = _Server((args.get("host", "127.0.0.1"), int(args["port"])), Handler)
     server.daemon_threads = True
     say(*startup[loading:])  # ends with "Application startup complete."
     server.serve_forever()
+
+
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 2048
+    """uvicorn's backlog, as vLLM's server has: a load test of 128 concurrent requests must not
+    be reset by the socket's default backlog of 5."""
 
 
 if __name__ == "__main__":

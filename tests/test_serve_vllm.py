@@ -266,7 +266,7 @@ def test_a_second_sigterm_cuts_real_streams_short_and_cleanly(
     plan = _fit(tiny_llama, tmp_path, LONG_LEN, kv_cache="160MiB")
     srv = Server(plan, tmp_path / "serve.log", grace=600, OOMINFER_AMX="off")
     try:
-        srv.wait_ready()
+        srv.wait_ready(timeout=900)  # verified first: the load test sends 131,072 tokens
         model = _model(srv)
         streams = [srv.stream(model, LONG_LEN - 16) for _ in range(2)]
         wait_for(lambda: all(len(received) >= 3 for _, received in streams), "streamed tokens")

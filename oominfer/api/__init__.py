@@ -36,6 +36,7 @@ from oominfer.planning.document import Plan
 from oominfer.planning.planner import plan as _plan
 from oominfer.planning.record import make_plan
 from oominfer.rules.versions import EngineVersion
+from oominfer.runtime.process import LiveEngine
 from oominfer.settings import Engine, EngineSettings, flag
 
 ModelLike = ModelSpec | str
@@ -51,9 +52,14 @@ class FitListener:
     on_launch: Callable[[int, list[str], Path], None] | None = None
     """An engine launch: (launch number, its command, its log file)."""
     on_progress: Callable[[float, str], None] | None = None
-    """Every few seconds of a launch: (seconds elapsed, the phase read from its log)."""
+    """Every second of a launch and at each new phase: (seconds elapsed, the phase read from
+    its log, with its progress bar when it prints one: download, shards, graph capture)."""
     on_cache_hit: Callable[[Plan], None] | None = None
     """The answer is a plan verified earlier with the same inputs."""
+    on_ready: Callable[[LiveEngine], None] | None = None
+    """Given, the engine that proved the plan is not stopped but handed to this, running and
+    warmed up by the verification's requests (``serve MODEL``: one launch from command to
+    serving). The receiver owns it: ``oominfer.runtime.process.stop`` ends it."""
 
 
 def load_model(name_or_path: str, revision: str | None = None) -> ModelSpec:
@@ -187,18 +193,21 @@ def can_verify(hardware: Hardware, engine: Engine = "vllm") -> bool:
 
 
 @contextlib.contextmanager
-def _engines_die_with_us() -> Iterator[None]:
-    """SIGTERM kills the engines (main thread only: signals cannot be set elsewhere)."""
+def _engines_die_with_us(sparing: set[int]) -> Iterator[None]:
+    """SIGTERM kills the engines (main thread only: signals cannot be set elsewhere); those
+    in ``sparing`` (handed over running) survive a fit that ends well."""
     from oominfer.runtime.process import interrupts_kill_engines, kill_all
 
     if threading.current_thread() is threading.main_thread():
-        with interrupts_kill_engines():
+        with interrupts_kill_engines(sparing):
             yield
     else:
+        failed = True
         try:
             yield
+            failed = False
         finally:
-            kill_all()
+            kill_all(sparing=() if failed else sparing)
 
 
 def fit(
@@ -212,6 +221,8 @@ def fit(
     use_estimate: bool = True,
     use_cache: bool = True,
     listener: FitListener | None = None,
+    api_key: str | None = None,
+    extra_args: tuple[str, ...] = (),
 ) -> Plan:
     """Plan a configuration and prove it with the real engine.
 
@@ -229,7 +240,11 @@ def fit(
         use_estimate: False starts at the requested context and lets the engine's own
             messages guide.
         use_cache: answer from a plan verified earlier with the same inputs.
-        listener: callbacks for notes, launches and progress.
+        listener: callbacks for notes, launches and progress, and the receiver of the
+            engine that proved the plan (``on_ready``).
+        api_key: the key the engine requires (one handed over serves with it).
+        extra_args: flags appended to the engine's command line (``serve MODEL -- ...``:
+            the engine verified is the one served).
 
     Raises:
         DoesNotFitError: nothing fits, or the engine proved that the plan cannot.
@@ -257,6 +272,13 @@ def fit(
             hint="Pass --no-verify to plan only, or --device cpu --memory SIZE to fit this CPU.",
         )
     prober = None
+    handed: list[LiveEngine] = []
+    spared: set[int] = set()
+
+    def ready(engine: LiveEngine) -> None:
+        handed.append(engine)
+        spared.add(engine.proc.pid)
+
     if verify:
         prober = EngineProber(
             deadline_seconds=timeout,
@@ -264,8 +286,12 @@ def fit(
             on_launch=listener.on_launch,
             on_note=listener.on_note,
             revision=spec.revision,
+            api_key=api_key,
+            extra_args=extra_args,
+            on_ready=ready if listener.on_ready else None,
+            progress_seconds=1.0,
         )
-    with _engines_die_with_us():
+    with _engines_die_with_us(spared):
         result = fit_model(
             spec,
             hardware,
@@ -278,4 +304,6 @@ def fit(
         )
     if result.cached and listener.on_cache_hit:
         listener.on_cache_hit(result.plan)
+    if handed and listener.on_ready:
+        listener.on_ready(handed[-1])
     return result.plan

@@ -3,21 +3,35 @@
 from __future__ import annotations
 
 import os
-import shlex
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from oominfer.base.errors import OutputError
-from oominfer.cli.options import JSON, build_constraints, build_hardware, fit_options
+from oominfer.cli.options import JSON, QUIET, build_constraints, build_hardware, fit_options
+from oominfer.cli.progress import Progress
 from oominfer.planning.document import Plan
 
+if TYPE_CHECKING:
+    from oominfer.runtime.process import LiveEngine
 
-def fit_from_flags(model: str, opts: dict[str, Any]) -> tuple[Plan, bool]:
-    """Fit MODEL with the parsed fit flags, telling the user what happens on stderr.
 
-    Returns the plan, and whether it came from the cache of verified plans.
+def fit_from_flags(
+    model: str,
+    opts: dict[str, Any],
+    progress: Progress,
+    *,
+    on_ready: Callable[[LiveEngine], None] | None = None,
+    api_key: str | None = None,
+    extra_args: tuple[str, ...] = (),
+) -> tuple[Plan, bool]:
+    """Fit MODEL with the parsed fit flags, telling the user what happens through ``progress``.
+
+    ``on_ready`` receives the engine that proved the plan, running (serve keeps it); it was
+    started with ``api_key`` and ``extra_args``. Returns the plan, and whether it came from
+    the cache of verified plans.
     """
     from oominfer.api import FitListener, can_verify, fit, load_model
     from oominfer.rules.installed import engine_version
@@ -31,26 +45,31 @@ def fit_from_flags(model: str, opts: dict[str, Any]) -> tuple[Plan, bool]:
     cached: list[Plan] = []
 
     def launch(n: int, argv: list[str], log: Path) -> None:
-        click.echo(f"Launch {n} ({engine_version(constraints.engine)}, log {log}):", err=True)
-        click.echo("  " + shlex.join(argv[1:]), err=True)
+        progress.launch(n, argv, log, engine_version(constraints.engine))
 
     listener = FitListener(
-        on_note=lambda text: click.echo(text, err=True),
+        on_note=progress.note,
         on_launch=launch,
-        on_progress=lambda elapsed, phase: click.echo(f"  [{elapsed:5.0f} s] {phase}", err=True),
+        on_progress=progress.update,
         on_cache_hit=cached.append,
+        on_ready=on_ready,
     )
-    plan = fit(
-        spec,
-        hardware,
-        constraints,
-        verify=verify,
-        max_launches=opts["max_launches"],
-        timeout=opts["timeout"],
-        use_estimate=not opts["no_estimate"],
-        use_cache=not opts["no_cache"],
-        listener=listener,
-    )
+    try:
+        plan = fit(
+            spec,
+            hardware,
+            constraints,
+            verify=verify,
+            max_launches=opts["max_launches"],
+            timeout=opts["timeout"],
+            use_estimate=not opts["no_estimate"],
+            use_cache=not opts["no_cache"],
+            listener=listener,
+            api_key=api_key,
+            extra_args=extra_args,
+        )
+    finally:
+        progress.done()
     return plan, bool(cached)
 
 
@@ -96,7 +115,8 @@ def write_plan(plan: Plan, output: Path) -> None:
     "-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Write the plan here."
 )
 @JSON
-def fit(model: str, output: Path | None, as_json: bool, **opts: Any) -> None:
+@QUIET
+def fit(model: str, output: Path | None, as_json: bool, quiet: bool, **opts: Any) -> None:
     """Plan the serving configuration that fits, prove it with the real engine, write it.
 
     MODEL is a local folder, a Hugging Face id, or a catalog name. Exits 3 when nothing
@@ -112,7 +132,7 @@ def fit(model: str, output: Path | None, as_json: bool, **opts: Any) -> None:
 
     if output:
         check_writable(output)  # before minutes of verifying, not after
-    plan, cached = fit_from_flags(model, opts)
+    plan, cached = fit_from_flags(model, opts, Progress(quiet=quiet or as_json))
     if output:
         write_plan(plan, output)
     if as_json:

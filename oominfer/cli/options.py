@@ -44,6 +44,9 @@ def _compose(*options: Callable[[F], F]) -> Callable[[F], F]:
 
 # Shared by several commands.
 JSON = click.option("--json", "as_json", is_flag=True, help="Print JSON on stdout.")
+QUIET = click.option(
+    "--quiet", is_flag=True, help="No progress (launches, engine phases, download bars)."
+)
 REVISION = click.option("--revision", help="Hub revision (forces a Hub lookup).")
 ENGINE = click.option(
     "--engine", type=click.Choice(ENGINES), default="vllm", show_default=True,

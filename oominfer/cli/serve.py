@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import click
 from click.core import ParameterSource
@@ -12,7 +12,11 @@ from click.core import ParameterSource
 from oominfer.base.errors import InvalidSettingError, PlanError
 from oominfer.cli.fit import fit_from_flags
 from oominfer.cli.group import exit_codes_help
-from oominfer.cli.options import device_of, edge_options, fit_options, pop_client_limits
+from oominfer.cli.options import QUIET, device_of, edge_options, fit_options, pop_client_limits
+from oominfer.cli.progress import Progress
+
+if TYPE_CHECKING:
+    from oominfer.runtime.process import LiveEngine
 from oominfer.planning.document import Plan
 from oominfer.settings import Device, Engine
 
@@ -106,6 +110,45 @@ def check_engine(engine: Engine, device: Device) -> None:
         )
 
 
+def _verifies_here(plan: Plan, visible_gpus: int | None, replicas: int) -> bool:
+    """A vLLM plan can be proved here, on the engine that serves it: on the CPU, or where GPUs
+    are visible, and as one replica (several run as one vLLM server with data parallelism,
+    which the probe does not start)."""
+    on_device = plan.device == "cpu" or visible_gpus is not None
+    return plan.engine == "vllm" and replicas == 1 and on_device
+
+
+def _verify_first(
+    plan: Plan,
+    extra: tuple[str, ...],
+    api_key: str | None,
+    progress: Progress,
+    handed: list[LiveEngine],
+) -> int | None:
+    """Prove an unverified plan on the engine that will serve it (kept in ``handed``); the
+    exit code when it fails, None when it passed."""
+    from oominfer.rules.installed import engine_version
+    from oominfer.serving.extra import merge_extra
+    from oominfer.serving.run import failed_verification
+    from oominfer.serving.verify_first import verify_and_keep
+
+    progress.note("The plan was not verified: verifying it on the engine that will serve it.")
+    version = engine_version(plan.engine)
+    try:
+        verified = verify_and_keep(
+            plan, extra=merge_extra(plan, extra), api_key=api_key, on_note=progress.note,
+            on_launch=lambda n, argv, log: progress.launch(n, argv, log, version),
+            on_progress=progress.update,
+        )  # fmt: skip
+    finally:
+        progress.done()
+    if verified.engine is None:
+        return failed_verification(plan, verified.result,
+                                   lambda why: click.secho(why, err=True, fg="red"))  # fmt: skip
+    handed.append(verified.engine)
+    return None
+
+
 @click.command(context_settings={"ignore_unknown_options": True}, epilog=exit_codes_help())
 @click.argument("target")
 @click.option("--host", default="127.0.0.1", show_default=True,
@@ -118,18 +161,22 @@ def check_engine(engine: Engine, device: Device) -> None:
 @click.option("--grace-period", type=click.IntRange(min=0), default=30, show_default=True,
               help="Seconds in-flight requests may take to finish after SIGTERM.")  # fmt: skip
 @edge_options
+@QUIET
 @fit_options
 @click.argument("extra", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
 def serve(ctx: click.Context, /, target: str, host: str, port: int, api_key: str | None,
-          require_verified: bool, grace_period: int, extra: tuple[str, ...],
+          require_verified: bool, grace_period: int, quiet: bool, extra: tuple[str, ...],
           **opts: Any) -> None:  # fmt: skip
     """Serve a plan (or fit MODEL first) behind the OpenAI API.
 
     TARGET is a plan.json written by `oominfer fit`, or a model (then the fit flags apply;
-    given with a plan, they are refused rather than ignored). Flags after `--` go to vLLM;
-    one that the plan sets must agree with it. On SIGTERM, SIGINT or SIGHUP it drains: requests
-    in flight have --grace-period seconds to finish; its exit code says how it ended (below).
+    given with a plan, they are refused rather than ignored). A model, or a vLLM plan never
+    verified, is verified on the engine that then serves it: one launch from command to
+    serving, the verification's requests its warm-up (a second launch only when the
+    verification corrects the plan). Flags after `--` go to vLLM; one that the plan sets
+    must agree with it. On SIGTERM, SIGINT or SIGHUP it drains: requests in flight have
+    --grace-period seconds to finish; its exit code says how it ended (below).
 
     \b
     Examples:
@@ -138,42 +185,63 @@ def serve(ctx: click.Context, /, target: str, host: str, port: int, api_key: str
       oominfer serve plan.json -- --enable-prefix-caching
     """
     from oominfer.planning.document import read_plan
+    from oominfer.runtime.process import stop
     from oominfer.serving.extra import merge_extra
-    from oominfer.serving.run import local_replicas, run
+    from oominfer.serving.run import bind, local_replicas, run
     from oominfer.settings import engine_args
 
     limits = pop_client_limits(opts)
     plan: Plan
+    handed: list[LiveEngine] = []
+    progress = Progress(quiet=quiet)
     if is_plan_file(target):
         plan = read_plan(Path(target))
         refuse_fit_flags(ctx, target, plan.model_id)
         check_engine(plan.engine, plan.device)
-    else:
-        check_engine(opts["engine"], device_of(opts))
-        plan, _ = fit_from_flags(target, opts)
-    merge_extra(plan, extra)  # a flag contradicting the plan is refused before anything runs
-    if not plan.verified:
-        if require_verified:
+        merge_extra(plan, extra)  # a flag contradicting the plan is refused before anything runs
+        if not plan.verified and require_verified:
             raise PlanError(
                 f"the plan for {plan.model_id} was never verified by the engine.",
                 hint="Run `oominfer fit` with --verify where the engine is installed.",
             )
+        sock = bind(host, port)
+    else:
+        check_engine(opts["engine"], device_of(opts))
+        sock = bind(host, port)  # a taken port fails now, not after minutes of fitting
+        plan, _ = fit_from_flags(target, opts, progress, on_ready=handed.append,
+                                 api_key=api_key, extra_args=extra)  # fmt: skip
+        merge_extra(plan, extra)  # the engine kept (if any) dies at exit when this refuses
+    visible = _visible_gpus()
+    replicas = local_replicas(plan, visible)
+    # A model was fitted as asked (verified, or --no-verify kept); a plan is verified here.
+    if is_plan_file(target) and not plan.verified and _verifies_here(plan, visible, replicas):
+        status = _verify_first(plan, extra, api_key, progress, handed)
+        if status is not None:
+            raise SystemExit(status)
+    elif not plan.verified:
         click.secho("Warning: this plan was not verified by the engine.", err=True, fg="yellow")
-    state = "verified" if plan.verified else "unverified"
+    state = "verified" if plan.verified or handed else "unverified"
     click.echo(
         f"Serving {plan.model_id} ({plan.engine}, {state} plan) on http://{host}:{port}: "
         + " ".join(engine_args(plan.settings)),
         err=True,
     )
     warn_engine_version(plan)
-    replicas = local_replicas(plan, _visible_gpus())
+    engine = handed[-1] if handed else None
     if replicas > 1:
         click.echo(
             f"Running {replicas} replicas of {plan.gpu_count} GPU(s) with vLLM's "
             f"--data-parallel-size {replicas}.",
             err=True,
         )
+        if engine is not None:  # verified on one replica's GPUs: the others need a new launch
+            stop(engine.proc)
+            engine = None
+    if engine is not None and not quiet:
+        click.echo(f"Serving from the engine that verified the plan (log {engine.log_path}).",
+                   err=True)  # fmt: skip
     status = run(plan, host=host, port=port, extra=list(extra), api_key=api_key,
-                 grace_period=grace_period, replicas=replicas, limits=limits,
+                 grace_period=grace_period, replicas=replicas, limits=limits, engine=engine,
+                 sock=sock,
                  on_failure=lambda why: click.secho(why, err=True, fg="red"))  # fmt: skip
     raise SystemExit(status)

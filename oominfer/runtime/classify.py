@@ -7,6 +7,7 @@ from dataclasses import replace
 from typing import Final
 
 from oominfer.base.units import GiB
+from oominfer.runtime.phases import phase_of
 from oominfer.runtime.status import LogFacts, ProbeStatus
 
 _GIB: Final = r"(-?[\d.]+)\s*GiB"
@@ -57,28 +58,6 @@ _PY_WARNING: Final = re.compile(r"\b[A-Z]\w*Warning: |^\s*\[transformers\]")
 """Python's ``warnings`` lines ("...py:24: DeprecationWarning: ...") and transformers' notes."""
 _EXCEPTION: Final = re.compile(r"\b[A-Z]\w*(?:Error|Exception)\b(?:[:(]|$)")
 _ANSI: Final = re.compile(r"\x1b\[[0-9;]*m")
-_PHASES: Final = (
-    ("Resolved architecture", "reading the model's config"),
-    ("Initializing a V1 LLM engine", "starting the engine"),
-    ("Starting to load model", "loading weights"),
-    ("Loading weights took", "loading weights"),
-    ("Model loading took", "profiling memory"),
-    ("Loading model weights took", "profiling memory"),
-    ("Memory profiling takes", "profiling memory"),
-    ("torch.compile", "compiling"),
-    ("Compiling a graph", "compiling"),
-    ("Warming up model for the compilation", "compiling"),
-    ("Available KV cache memory", "allocating KV cache"),
-    ("# GPU blocks", "allocating KV cache"),
-    ("# CUDA blocks", "allocating KV cache"),
-    ("for KV cache on node", "allocating KV cache"),
-    ("KV cache size:", "allocating KV cache"),
-    ("Capturing CUDA graph", "capturing CUDA graphs"),
-    ("Graph capturing finished", "warming up"),
-    ("Starting vLLM API server", "starting server"),
-    ("Starting vLLM server on", "starting server"),
-    ("Application startup complete", "ready"),
-)
 
 
 def _gib(match: re.Match[str] | None) -> int | None:
@@ -112,10 +91,7 @@ def read_log(text: str) -> LogFacts:
     an error line sets the failure status (the most specific failure wins). INFO and WARNING
     records never fail an engine, whatever they say.
     """
-    phase = "starting"
-    for needle, name in _PHASES:
-        if needle in text:
-            phase = name
+    phase = phase_of(text)
     weights = _gib(re.search(r"Model loading took " + _GIB, text)) or _gib(
         re.search(r"Loading (?:model )?weights took " + r"([\d.]+)\s*GB", text)
     )

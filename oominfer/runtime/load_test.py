@@ -22,27 +22,37 @@ def healthy(port: int) -> bool:
         return False
 
 
-def _post(port: int, path: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
+def _headers(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def _post(
+    port: int, path: str, body: dict[str, Any], timeout: float, api_key: str | None
+) -> dict[str, Any]:
     req = urllib.request.Request(
         f"http://127.0.0.1:{port}{path}",
         data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
+        headers={"Content-Type": "application/json", **_headers(api_key)},
     )
     with urllib.request.urlopen(req, timeout=timeout) as r:
         data: dict[str, Any] = json.loads(r.read())
         return data
 
 
-def _model_name(port: int) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=10) as r:
+def _model_name(port: int, api_key: str | None) -> str:
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/models", headers=_headers(api_key))
+    with urllib.request.urlopen(req, timeout=10) as r:
         return str(json.loads(r.read())["data"][0]["id"])
 
 
-def load_test(port: int, settings: EngineSettings, *, timeout: float = 600.0) -> tuple[int, str]:
+def load_test(
+    port: int, settings: EngineSettings, *, timeout: float = 600.0, api_key: str | None = None
+) -> tuple[int, str]:
     """Real requests at the plan's limits: one whose prompt plus output reach max_model_len,
-    then max_num_seqs at once. Returns (requests that completed, error or "")."""
+    then max_num_seqs at once (with the engine's ``api_key``, if it requires one). Returns
+    (requests that completed, error or "")."""
     try:
-        model = _model_name(port)
+        model = _model_name(port, api_key)
     except (urllib.error.URLError, OSError, KeyError, ValueError) as err:
         return 0, f"/v1/models failed: {err}"
     length = settings.max_model_len or 2048
@@ -52,7 +62,7 @@ def load_test(port: int, settings: EngineSettings, *, timeout: float = 600.0) ->
         body = {"model": model, "prompt": [11] * prompt_tokens, "max_tokens": out,
                 "temperature": 0, "ignore_eos": True, "min_tokens": out}  # fmt: skip
         try:
-            reply = _post(port, "/v1/completions", body, timeout)
+            reply = _post(port, "/v1/completions", body, timeout, api_key)
         except urllib.error.HTTPError as err:
             return f"HTTP {err.code}: {err.read()[:300].decode(errors='replace')}"
         except (urllib.error.URLError, OSError) as err:

@@ -16,7 +16,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -29,6 +30,22 @@ _LIFELINES: dict[int, int] = {}
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 """Signals that stop oominfer as Ctrl-C does (SIGHUP: the terminal closed)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LiveEngine:
+    """An engine that a probe started and proved, handed over running instead of stopped
+    (``serve`` puts its front on it: one launch from command to serving).
+
+    It stays on its lifeline and in ``_LIVE``: whoever holds it stops it with ``stop``, and
+    it dies with this process all the same."""
+
+    proc: subprocess.Popen[bytes]
+    port: int
+    """Its port on 127.0.0.1."""
+    log_path: Path
+    """The file its output goes to (it keeps writing there)."""
+    argv: list[str]
 
 
 def track(pgid: int) -> None:
@@ -134,26 +151,32 @@ def group_rss_bytes(pgid: int) -> int:
     return total
 
 
-def kill_all() -> None:
-    """Kill every engine this process started (atexit and signal handlers call this)."""
+def kill_all(*, sparing: Collection[int] = ()) -> None:
+    """Kill every engine this process started (atexit and signal handlers call this), except
+    the process groups in ``sparing`` (an engine handed over to serve)."""
     for pgid in list(_LIVE):
-        kill_group(pgid, grace=5.0)
+        if pgid not in sparing:
+            kill_group(pgid, grace=5.0)
 
 
 atexit.register(kill_all)
 
 
 @contextlib.contextmanager
-def interrupts_kill_engines() -> Iterator[None]:
-    """Turn SIGTERM and SIGHUP into KeyboardInterrupt so the probes' finally blocks run."""
+def interrupts_kill_engines(sparing: Collection[int] = ()) -> Iterator[None]:
+    """Turn SIGTERM and SIGHUP into KeyboardInterrupt so the probes' finally blocks run, and
+    kill the engines started inside on the way out: all of them on an error or a signal,
+    all but the groups in ``sparing`` (a live collection, read at the end) otherwise."""
 
     def _raise(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
     previous = {sig: signal.signal(sig, _raise) for sig in STOP_SIGNALS}
+    failed = True
     try:
         yield
+        failed = False
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        kill_all()
+        kill_all(sparing=() if failed else sparing)

@@ -25,7 +25,8 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any, Final
 
@@ -35,11 +36,11 @@ from oominfer.engines.command import engine_argv
 from oominfer.planning.document import Plan
 from oominfer.runtime.classify import read_log
 from oominfer.runtime.environment import engine_env
-from oominfer.runtime.process import STOP_SIGNALS, free_port, start_engine, stop
+from oominfer.runtime.process import STOP_SIGNALS, LiveEngine, free_port, start_engine, stop
 from oominfer.runtime.status import LogFacts, ProbeStatus
 from oominfer.serving.extra import merge_extra
 from oominfer.settings import flag
-from oominfer.verify.prober import failure_of
+from oominfer.verify.prober import ProbeResult, failure_of
 
 if TYPE_CHECKING:
     from oominfer.edge.limits import ClientLimits
@@ -167,6 +168,28 @@ def _pass_through(stream: Iterable[str], sink: IO[str], kept: collections.deque[
             sink.flush()
 
 
+def _follow(engine: LiveEngine) -> Iterator[str]:
+    """The lines a handed-over engine writes to its log from now on, until it exits (its
+    start-up, read by the probe already, is kept for a failure's explanation, not shown)."""
+    with engine.log_path.open(encoding="utf-8", errors="replace") as log:
+        log.seek(0, 2)
+        partial = ""
+        while True:
+            chunk = log.readline()
+            if chunk:
+                partial += chunk
+                if partial.endswith("\n"):
+                    yield partial
+                    partial = ""
+                continue
+            if engine.proc.poll() is not None:
+                rest = partial + log.read()
+                if rest:
+                    yield rest
+                return
+            time.sleep(0.1)
+
+
 @dataclass
 class _Session:
     """One ``serve``: the front, the engine under it, and how it is asked to stop."""
@@ -259,10 +282,18 @@ def run(
     python: str | None = None,
     replicas: int = 1,
     limits: ClientLimits | None = None,
+    engine: LiveEngine | None = None,
+    sock: socket.socket | None = None,
 ) -> int:
     """Serve ``plan`` in the foreground until a signal or the engine's end; returns the exit
     code (``ServeExit``). ``python`` runs the engine (default: this interpreter); ``limits``
     bound what clients of the public port hold and send (default: the edge's).
+
+    ``engine``: the engine the probe verified this plan on, running (it was started with the
+    plan's argv, ``extra`` and ``api_key``): served as it is, without a second launch, and
+    stopped at the end as one started here is. ``sock``: the public socket, bound already
+    (``bind``: before a fit that takes minutes, so a taken port fails at once); it is closed
+    at the end.
 
     Raises:
         InvalidSettingError: the public address cannot be listened on, or extra flags
@@ -278,20 +309,34 @@ def run(
             sink.flush()
 
     say = on_note or note
-    private = free_port()
-    argv = server_argv(
-        plan, host="127.0.0.1", port=private, extra=extra, python=python, replicas=replicas
-    )
     kept: collections.deque[str] = collections.deque(maxlen=_KEEP_LINES)
     shown = f"[{host}]" if ":" in host else host
-    with contextlib.closing(bind(host, port)) as sock:
-        built = engine_env(plan.settings, device=plan.device, engine=plan.engine, api_key=api_key)
-        if built.note:
-            say(built.note)
-        proc = start_engine(argv, env=built.env, stdout=subprocess.PIPE, text=True)
-        assert proc.stdout is not None
-        reader = threading.Thread(target=_pass_through, args=(proc.stdout, sink, kept),
-                                  daemon=True)  # fmt: skip
+    if sock is None:
+        try:
+            sock = bind(host, port)
+        except BaseException:
+            if engine is not None:
+                stop(engine.proc, grace=ENGINE_STOP_S)
+            raise
+    with contextlib.closing(sock):
+        proc: subprocess.Popen[Any]
+        if engine is None:
+            private = free_port()
+            argv = server_argv(plan, host="127.0.0.1", port=private, extra=extra, python=python,
+                               replicas=replicas)  # fmt: skip
+            built = engine_env(
+                plan.settings, device=plan.device, engine=plan.engine, api_key=api_key
+            )
+            if built.note:
+                say(built.note)
+            proc = start_engine(argv, env=built.env, stdout=subprocess.PIPE, text=True)
+            assert proc.stdout is not None
+            lines: Iterable[str] = proc.stdout
+        else:
+            proc, private = engine.proc, engine.port
+            kept.extend(engine.log_path.read_text(errors="replace").splitlines(keepends=True))
+            lines = _follow(engine)
+        reader = threading.Thread(target=_pass_through, args=(lines, sink, kept), daemon=True)
         reader.start()
         front = Front(private, api_key=api_key, limits=limits)
         session = _Session(front=front, proc=proc, grace=grace_period, note=say,
@@ -305,6 +350,23 @@ def run(
     if not session.engine_failed:
         return int(outcome)
     return int(_engine_failure(plan, status, "".join(kept), on_failure))
+
+
+def failed_verification(
+    plan: Plan, result: ProbeResult, on_failure: Callable[[str], None] | None
+) -> int:
+    """The exit code (``ServeExit``) for a plan whose verifying launch failed, and why, told
+    to ``on_failure``: 3 when the engine ran short of memory, 4 otherwise."""
+    code = ServeExit.ENGINE_FAILED
+    why = None
+    if result.status.is_memory:
+        code = ServeExit.DOES_NOT_FIT
+        why = _explain(plan, result.facts)
+    if why is None:
+        why = f"The engine failed at start ({result.status.value}): {result.detail}"
+    if on_failure is not None:
+        on_failure(f"{why.rstrip('.')}. Its log is {result.log_path}.")
+    return int(code)
 
 
 def _engine_failure(

@@ -24,7 +24,8 @@ from oominfer.runtime.amx import sigill_explanation
 from oominfer.runtime.classify import read_log
 from oominfer.runtime.environment import engine_env
 from oominfer.runtime.load_test import healthy, load_test
-from oominfer.runtime.process import free_port, group_rss_bytes, start_engine, stop
+from oominfer.runtime.phases import status_of
+from oominfer.runtime.process import LiveEngine, free_port, group_rss_bytes, start_engine, stop
 from oominfer.runtime.status import LogFacts, ProbeStatus
 from oominfer.settings import Device, Engine, EngineSettings
 
@@ -77,6 +78,14 @@ class EngineProber:
     """Flags appended to the engine's command line (benchmarks compare vLLM's own recipes)."""
     revision: str | None = None
     """The Hub revision of the model (``--revision``), which the engine loads too."""
+    api_key: str | None = None
+    """The key the engine requires (``serve --api-key``): the kept engine serves with it."""
+    on_ready: Callable[[LiveEngine], None] | None = None
+    """Given, an engine that passed its load test is not stopped but handed over to this
+    (``serve`` keeps it: one launch from command to serving); its owner must stop it."""
+    progress_seconds: float = 5.0
+    """The least time between two progress reports of the same phase (a new phase is
+    reported at once)."""
 
     def __call__(
         self, model: str, settings: EngineSettings, *, engine: Engine, device: Device
@@ -91,7 +100,7 @@ class EngineProber:
         argv = engine_argv(model, settings, engine=engine, port=port, python=self.python,
                            revision=self.revision)  # fmt: skip
         argv += self.extra_args
-        built = engine_env(settings, device=device, engine=engine)
+        built = engine_env(settings, device=device, engine=engine, api_key=self.api_key)
         if built.note and self.on_note and self.launches == 1:
             self.on_note(built.note)
         if self.on_launch:
@@ -101,10 +110,16 @@ class EngineProber:
             log.write(("$ " + " ".join(argv) + "\n").encode())
             log.flush()
             proc = start_engine(argv, env=built.env, stdout=log)
+        kept = False
         try:
-            return self._watch(proc, log_path, settings, engine, port, start)
+            result = self._watch(proc, log_path, settings, engine, port, start)
+            if result.status is ProbeStatus.READY and self.on_ready is not None:
+                self.on_ready(LiveEngine(proc=proc, port=port, log_path=log_path, argv=argv))
+                kept = True
+            return result
         finally:
-            stop(proc, grace=self.stop_grace_seconds)
+            if not kept:
+                stop(proc, grace=self.stop_grace_seconds)
 
     def _watch(
         self,
@@ -116,7 +131,7 @@ class EngineProber:
         start: float,
     ) -> ProbeResult:
         peak = 0
-        last_report = 0.0
+        last_report, last_said = 0.0, ""
         version = engine_version(engine)
 
         def result(status: ProbeStatus, detail: str, facts: LogFacts, **kw: Any) -> ProbeResult:
@@ -129,9 +144,12 @@ class EngineProber:
             text = log_path.read_text(errors="replace")
             facts = read_log(text)
             peak = max(peak, group_rss_bytes(proc.pid))
-            if self.on_progress and elapsed - last_report >= 5:
-                self.on_progress(elapsed, facts.phase)
-                last_report = elapsed
+            said = status_of(text)
+            if self.on_progress and (
+                said != last_said or elapsed - last_report >= self.progress_seconds
+            ):
+                self.on_progress(elapsed, said)
+                last_report, last_said = elapsed, said
             if facts.status is not None and facts.status is not ProbeStatus.READY:
                 return result(*failure_of(facts, proc.poll(), ""), facts)
             if proc.poll() is not None:
@@ -141,7 +159,7 @@ class EngineProber:
             if healthy(port):
                 if self.on_progress:
                     self.on_progress(elapsed, "loading at the plan's limits")
-                ok, error = load_test(port, settings)
+                ok, error = load_test(port, settings, api_key=self.api_key)
                 peak = max(peak, group_rss_bytes(proc.pid))
                 if error:  # a dying engine fails the requests first: let it finish dying
                     with contextlib.suppress(subprocess.TimeoutExpired):
