@@ -25,6 +25,10 @@ from oominfer.settings import (
     Quantization,
     VllmSettings,
 )
+from oominfer.speed.workload import CONCURRENCY as CONCURRENCY_DEFAULT
+from oominfer.speed.workload import INPUT_LEN as INPUT_LEN_DEFAULT
+from oominfer.speed.workload import OUTPUT_LEN as OUTPUT_LEN_DEFAULT
+from oominfer.speed.workload import Workload
 
 F = TypeVar("F", bound=Callable[..., Any])
 DEFAULTS = VllmSettings()
@@ -94,6 +98,21 @@ ENGINE_VERSION = click.option(
     help="The vLLM release to plan for: its memory profile and rules (default: the "
     "installed vLLM, else the latest release).",
 )  # fmt: skip
+INPUT_LEN = click.option(
+    "--input-len", type=POSITIVE,
+    help=f"Prompt tokens of a typical request, for the predicted speed (default: "
+    f"{INPUT_LEN_DEFAULT:,}; fit: with --output-len, the --typical-length).",
+)  # fmt: skip
+OUTPUT_LEN = click.option(
+    "--output-len", type=POSITIVE,
+    help=f"Generated tokens of a typical request, for the predicted speed (default: "
+    f"{OUTPUT_LEN_DEFAULT:,}).",
+)  # fmt: skip
+SPEED_CONCURRENCY = click.option(
+    "--concurrency", type=POSITIVE, default=CONCURRENCY_DEFAULT, show_default=True,
+    help="Requests sent at once, for the predicted speed; vLLM runs at most max_num_seqs "
+    "and what the KV cache holds, the rest wait.",
+)  # fmt: skip
 KV_CACHE_MEMORY_BYTES = click.option(
     "--kv-cache-memory-bytes", metavar="SIZE",
     help="Fix the KV-cache size instead of deriving it (e.g. 4GiB).",
@@ -143,6 +162,9 @@ settings_options = _compose(
     ),
     KV_CACHE_MEMORY_BYTES,
     ENGINE_VERSION,
+    INPUT_LEN,
+    OUTPUT_LEN,
+    SPEED_CONCURRENCY,
 )  # fmt: skip
 """The engine flags of `estimate`, under vLLM's names and with vLLM's defaults."""
 
@@ -164,13 +186,26 @@ fit_options = _compose(
         "up only when nothing else fits).",
     ),
     click.option(
-        "--typical-length", type=POSITIVE, default=DEFAULT_CONSTRAINTS.typical_length,
-        show_default=True,
-        help="Tokens (prompt + output) of a typical request: concurrency is counted in these.",
+        "--typical-length", type=POSITIVE,
+        help="Tokens (prompt + output) of a typical request: concurrency is counted in these "
+        f"(default: --input-len + --output-len, {DEFAULT_CONSTRAINTS.typical_length:,}; given "
+        "alone, it is split between them in their default ratio).",
     ),
+    INPUT_LEN,
+    OUTPUT_LEN,
     click.option(
         "--concurrency", type=POSITIVE,
         help="Requests of --typical-length that must run at once.",
+    ),
+    click.option(
+        "--max-tpot", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
+        help="Latency requirement: the fastest plan whose predicted time per output token "
+        "is at most this (exit 3 when none is).",
+    ),
+    click.option(
+        "--max-ttft", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
+        help="Latency requirement: the fastest plan whose predicted time to first token is "
+        "at most this (exit 3 when none is).",
     ),
     MAX_MODEL_LEN,
     click.option("--no-quantize", is_flag=True, help="Never quantize the weights."),
@@ -256,14 +291,52 @@ def build_settings(opts: dict[str, Any]) -> VllmSettings:
     )
 
 
+def lengths(opts: dict[str, Any]) -> tuple[int, int]:
+    """Prompt and output tokens from --input-len/--output-len, and on fit --typical-length
+    (their sum: given alone, split in the defaults' ratio; given with both, it must agree)."""
+    given_in, given_out = opts.get("input_len"), opts.get("output_len")
+    typical = opts.get("typical_length")
+    if (
+        typical is not None
+        and given_in is not None
+        and given_out is not None
+        and given_in + given_out != typical
+    ):
+        raise InvalidSettingError(
+            f"--typical-length {typical} is not --input-len {given_in} + --output-len {given_out}.",
+            hint="Pass --typical-length alone, or --input-len and --output-len.",
+        )
+    if typical is not None:
+        if given_in is not None:
+            return given_in, max(typical - given_in, 1)
+        if given_out is not None:
+            return max(typical - given_out, 1), given_out
+        share = OUTPUT_LEN_DEFAULT / (INPUT_LEN_DEFAULT + OUTPUT_LEN_DEFAULT)
+        out = max(round(typical * share), 1)
+        return max(typical - out, 1), out
+    return given_in or INPUT_LEN_DEFAULT, given_out or OUTPUT_LEN_DEFAULT
+
+
+def build_workload(opts: dict[str, Any]) -> Workload:
+    """The requests `estimate` predicts the speed of."""
+    input_len, output_len = lengths(opts)
+    return Workload(input_len=input_len, output_len=output_len, concurrency=opts["concurrency"])
+
+
 def build_constraints(opts: dict[str, Any]) -> Constraints:
     """Constraints from the fit flags (the dataclass validates them)."""
+    input_len, output_len = lengths(opts)
+    typical = opts.get("typical_length") or input_len + output_len
     return Constraints(
         engine=opts["engine"],
         dtype=opts["dtype"],
         prefer=opts["prefer"],
         min_context=opts.get("min_context"),
-        typical_length=opts["typical_length"],
+        typical_length=typical,
+        input_len=input_len,
+        output_len=output_len,
+        max_tpot=opts.get("max_tpot"),
+        max_ttft=opts.get("max_ttft"),
         concurrency=opts.get("concurrency"),
         max_model_len=_context(opts),
         no_quantize=opts["no_quantize"],

@@ -8,6 +8,7 @@ from typing import Final, Literal, get_args
 from oominfer.base.errors import InvalidSettingError
 from oominfer.rules.versions import LATEST_VLLM, EngineVersion
 from oominfer.settings import Dtype, Engine
+from oominfer.speed.workload import INPUT_LEN, OUTPUT_LEN, Workload
 
 Prefer = Literal["balanced", "context", "throughput", "quality"]
 """What the plan trades for what (planning/costs.py orders the levers for each):
@@ -47,6 +48,14 @@ class Constraints:
     """Tokens of a typical request (--typical-length): the concurrency is counted in these."""
     concurrency: int | None = None
     """Requests of the typical length that must run at once (--concurrency)."""
+    input_len: int = INPUT_LEN
+    """Prompt tokens of a typical request (--input-len), for the predicted speed."""
+    output_len: int = OUTPUT_LEN
+    """Generated tokens of a typical request (--output-len), for the predicted speed."""
+    max_tpot: float | None = None
+    """Latency requirement: seconds per output token at most (--max-tpot)."""
+    max_ttft: float | None = None
+    """Latency requirement: seconds to the first token at most (--max-ttft)."""
     max_model_len: int | None = None
     """A cap on the context (--max-model-len)."""
     no_quantize: bool = False
@@ -70,6 +79,8 @@ class Constraints:
             ("--concurrency", self.concurrency),
             ("--max-model-len", self.max_model_len),
             ("--gpus-per-node", self.gpus_per_node),
+            ("--input-len", self.input_len),
+            ("--output-len", self.output_len),
         ):
             if value is not None and value < 1:
                 raise InvalidSettingError(f"{flag} must be positive, got {value}.")
@@ -81,6 +92,24 @@ class Constraints:
             raise InvalidSettingError(
                 f"--max-model-len {self.max_model_len} is below --min-context {self.min_context}."
             )
+
+        for flag, seconds in (("--max-tpot", self.max_tpot), ("--max-ttft", self.max_ttft)):
+            if seconds is not None and seconds <= 0:
+                raise InvalidSettingError(f"{flag} must be a positive number of seconds.")
+
+    def workload(self, running: int) -> Workload:
+        """The requests the speed is predicted for: --concurrency of them when asked, else
+        as many as the plan runs at once."""
+        return Workload(
+            input_len=self.input_len,
+            output_len=self.output_len,
+            concurrency=max(self.concurrency or running, 1),
+        )
+
+    @property
+    def has_latency_requirement(self) -> bool:
+        """--max-tpot or --max-ttft was given."""
+        return self.max_tpot is not None or self.max_ttft is not None
 
     def floor(self, trained: int) -> int:
         """The context below which a plan only goes when nothing else is left."""
