@@ -78,6 +78,7 @@ def make_plan(
         baseline=Prediction.of(result.baseline) if result.baseline else None,
         replicas=result.replicas,
         concurrency=result.concurrency,
+        performance=result.performance,
         alternatives=result.alternatives,
         # A lever the engine's measurement turned replaces the planner's lever of that name.
         levers=tuple(lv for lv in result.levers if lv.name not in {e.name for e in extra_levers})
