@@ -29,8 +29,8 @@ def _json(result: Result) -> dict[str, Any]:
 
 
 def test_estimate_json_carries_the_performance() -> None:
-    r = invoke("estimate", LLAMA, "--gpu", "H100", "--max-model-len", "8192",
-               "--input-len", "1000", "--output-len", "200", "--concurrency", "32", "--json")  # fmt: skip
+    lengths = ["--input-len", "1000", "--output-len", "200", "--concurrency", "32"]
+    r = invoke("estimate", LLAMA, "--gpu", "H100", "--max-model-len", "8192", *lengths, "--json")
     assert r.exit_code == 0, r.output
     perf = _json(r)["performance"]
     assert set(perf) >= KEYS
