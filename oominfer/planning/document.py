@@ -17,7 +17,7 @@ from typing import Any, Final
 from oominfer.base.errors import InvalidSettingError, PlanError
 from oominfer.memory.breakdown import MemoryBreakdown
 from oominfer.settings import DEVICES, ENGINES, Device, Engine, VllmSettings
-from oominfer.speed import Performance
+from oominfer.speed import Measured, Performance
 
 SCHEMA_VERSION: Final = 1
 
@@ -174,6 +174,9 @@ class Plan:
     """Predicted speed for the typical request (--input-len/--output-len) at --concurrency
     or the concurrency the plan runs, over all replicas (oominfer.speed); None in plans
     written before the speed model, and where it cannot be predicted."""
+    measured: Measured | None = None
+    """The output tokens/s the engine served in verification's load test, beside the
+    prediction for those same requests."""
     levers: tuple[Lever, ...] = ()
     alternatives: tuple[Alternative, ...] = ()
     """The nearest plans the search set aside, each with what it would trade."""
@@ -253,6 +256,7 @@ def plan_from_dict(data: Any, *, source: str = "plan") -> Plan:
             replicas=int(data.get("replicas", 1)),
             concurrency=_concurrency(data.get("concurrency")),
             performance=_performance(data.get("performance")),
+            measured=Measured(**_section(data, "measured")) if data.get("measured") else None,
             alternatives=tuple(_alternative(a) for a in _list(data, "alternatives")),
             levers=tuple(Lever(**_object(lever, "a lever")) for lever in _list(data, "levers")),
             constraints=_section(data, "constraints"),

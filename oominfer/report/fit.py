@@ -138,6 +138,17 @@ def fit_report(plan: Plan, *, cached: bool = False) -> list[str]:
             f"VERIFIED in {v.launches} launch(es), {v.load_seconds:.0f} s: {v.engine_version} "
             f"served {v.requests_ok} requests at the limits; {tokens}{peak}."
         )
+        m = plan.measured
+        if m is not None:
+            predicted = (
+                f"; {m.predicted_output_tokens_per_s:,.0f} predicted"
+                if m.predicted_output_tokens_per_s
+                else ""
+            )
+            lines.append(
+                f"Measured: {m.output_tokens_per_s:,.0f} output tok/s for {m.concurrency} "
+                f"requests at once of {m.input_len}+{m.output_len} tokens{predicted}."
+            )
     else:
         lines.append("Not verified (--no-verify, or no engine here): run `oominfer fit` where "
                      "the engine is installed to prove it.")  # fmt: skip

@@ -4,13 +4,24 @@ from __future__ import annotations
 
 from typing import Any
 
-from oominfer.speed import Performance
+from oominfer.speed import Measured, Performance
 
 
-def performance_json(perf: Performance | None) -> dict[str, Any] | None:
-    """The stable ``performance`` object: seconds, tokens/s of all requests together."""
+def performance_json(
+    perf: Performance | None, measured: Measured | None = None
+) -> dict[str, Any] | None:
+    """The stable ``performance`` object: seconds, tokens/s of all requests together, and
+    ``calibrated_from`` (the measurement it was scaled by) when one was used."""
     if perf is None:
         return None
+    calibration = None
+    if measured is not None:
+        calibration = {
+            "output_tokens_per_s": measured.output_tokens_per_s,
+            "predicted_output_tokens_per_s": measured.predicted_output_tokens_per_s,
+            "engine_version": measured.engine_version,
+            "measured_at": measured.measured_at,
+        }
     return {
         "ttft_s": round(perf.ttft_s, 4),
         "tpot_s": round(perf.tpot_s, 5),
@@ -22,6 +33,7 @@ def performance_json(perf: Performance | None) -> dict[str, Any] | None:
         "bound": perf.bound,
         "requested_concurrency": perf.requested_concurrency,
         "limited_by": perf.limited_by,
+        "calibrated_from": calibration,
     }
 
 
@@ -37,8 +49,9 @@ def speed_phrase(perf: Performance) -> str:
     )
 
 
-def speed_lines(perf: Performance | None) -> list[str]:
-    """The human report's speed rows (predicted), uncoloured."""
+def speed_lines(perf: Performance | None, measured: Measured | None = None) -> list[str]:
+    """The human report's speed rows (predicted; scaled by ``measured`` when given),
+    uncoloured."""
     if perf is None:
         return ["speed             not predicted (no bandwidth/FLOPs figures for this GPU, "
                 "or the transformers engine)"]  # fmt: skip
@@ -54,5 +67,12 @@ def speed_lines(perf: Performance | None) -> list[str]:
         ("  TPOT", f"{_ms(perf.tpot_s)} per output token ({perf.bound}-bound)"),
         ("  TTFT", _ms(perf.ttft_s)),
     ]  # fmt: skip
+    if measured is not None and measured.ratio is not None:
+        rows.append(
+            ("  starts from", f"a measurement on this machine ({measured.engine_version}, "
+                             f"{measured.measured_at}): {measured.output_tokens_per_s:,.0f} tok/s "
+                             f"served where {measured.predicted_output_tokens_per_s:,.0f} were "
+                             f"predicted; scaled x{measured.ratio:.2f}")
+        )  # fmt: skip
     width = 17
     return [f"{k:<{width}} {v}" for k, v in rows]
