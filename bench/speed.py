@@ -33,6 +33,7 @@ from oominfer.model.load import load_spec
 from oominfer.model.spec import Checkpoint, QuantSpec
 from oominfer.settings import VllmSettings
 from oominfer.speed import Performance, Workload, predict
+from oominfer.speed.performance import predict_burst
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_POINTS = ROOT.parent / "shared" / "calibration" / "throughput_points.jsonl"
@@ -115,8 +116,25 @@ def _int(value: Any) -> int | None:
 
 
 def _lengths(point: dict[str, Any]) -> tuple[int, int, str]:
-    """Prompt and output tokens: the point's own, else its dataset's (said so)."""
+    """Prompt and output tokens: the point's own; else what its own figures imply (output
+    tokens/s over requests/s is the mean output; total minus output tokens/s over
+    requests/s the mean prompt); else its dataset's (said so)."""
     stated_in, stated_out = _int(point.get("input_len")), _int(point.get("output_len"))
+    out_s, total_s, rps = (
+        point.get("output_tokens_per_s"), point.get("total_tokens_per_s"),
+        point.get("requests_per_s"),
+    )  # fmt: skip
+    if not (stated_in and stated_out) and out_s and rps:
+        implied_out = round(out_s / rps)
+        implied_in = round((total_s - out_s) / rps) if total_s else None
+        stated_out = stated_out or implied_out
+        stated_in = stated_in or implied_in
+        if stated_in and stated_out:
+            return stated_in, stated_out, "implied by its tokens/s and requests/s"
+    dataset = (point.get("dataset") or "").lower()
+    fill = next((v for k, v in DATASET_LENGTHS.items() if k in dataset), (200, 128))
+    if stated_out and not stated_in:
+        return fill[0], stated_out, f"output implied by tokens/s over requests/s, prompt {fill[0]}"
     dataset = (point.get("dataset") or "").lower()
     fill = next((v for k, v in DATASET_LENGTHS.items() if k in dataset), (200, 128))
     how = "stated" if stated_in and stated_out else f"dataset default {fill}"
@@ -164,7 +182,12 @@ def at_rate(perf_at: Any, rate: float, cap: int) -> Performance | None:
 
 def replay(point: dict[str, Any]) -> dict[str, Any]:
     """One point through the speed model: predicted and measured, or why it was skipped."""
-    row: dict[str, Any] = {"id": point["id"], "secondary": "vLLM" not in point["engine"]}
+    # Secondary: another engine, or a run its source reports as an anomaly (said in notes).
+    flagged = "ANOMALY" in (point.get("notes") or "")
+    row: dict[str, Any] = {
+        "id": point["id"],
+        "secondary": "vLLM" not in point["engine"] or flagged,
+    }
     model = _model(point)
     gpu = _gpu(point.get("gpu") or "")
     if model is None or gpu is None:
@@ -202,7 +225,9 @@ def replay(point: dict[str, Any]) -> dict[str, Any]:
         perf = perf_at(int(point["concurrency"]))
     elif math.isinf(rate):
         prompts = _int(point.get("num_prompts")) or OFFLINE_PROMPTS
-        perf = perf_at(prompts)
+        perf = predict_burst(spec, gpu=gpu, settings=settings, breakdown=b, requests=prompts,
+                             input_len=input_len, output_len=output_len,
+                             spread=how != "stated")  # fmt: skip
     else:
         perf = at_rate(perf_at, rate, b.max_num_seqs)
     if perf is None:
@@ -284,10 +309,13 @@ def main() -> int:
             f"{_cell(p['tpot_s'], 1000)}/{_cell(m['tpot_s'], 1000)}",
             f"{_cell(p['ttft_s'], 1000)}/{_cell(m['ttft_s'], 1000)}",
         ]
-        mark = " (secondary)" if r["secondary"] else ""
+        mark = " (secondary: not vLLM, or flagged an anomaly)" if r["secondary"] else ""
         print(f"{r['id']:4} {cells[0]:>20} {cells[1]:>20} {cells[2]:>22}  {r['bound']:7} "
               f"{r['concurrency']:5}  {r['model']}, {r['gpu']}, {r['lengths']}{mark}")  # fmt: skip
-    for label, s in (("vLLM points", summary(rows)), ("all points", summary(rows, secondary=True))):
+    for label, s in (
+        ("vLLM points (not flagged)", summary(rows)),
+        ("all points", summary(rows, secondary=True)),
+    ):
         print(f"\n{label}:")
         for key, v in s.items():
             print(f"  {key:20} {v['points']:3} points  median |error| "

@@ -33,29 +33,29 @@ DRIFT = 0.15
 today's before its test fails."""
 # predicted / measured per point today (bench/speed.py): output tokens/s and TPOT.
 TODAY: dict[str, dict[str, float]] = {
-    "t01": {"output_tokens_per_s": 1.057, "tpot_s": 1.181},
-    "t02": {"output_tokens_per_s": 1.179, "tpot_s": 0.884},
-    "t03": {"output_tokens_per_s": 0.979, "tpot_s": 1.022},
-    "t04": {"output_tokens_per_s": 0.812, "tpot_s": 1.231},
-    "t07": {"output_tokens_per_s": 0.63, "tpot_s": 1.579},
-    "t08": {"output_tokens_per_s": 0.766, "tpot_s": 1.253},
-    "t09": {"output_tokens_per_s": 1.174, "tpot_s": 0.852},
-    "t10": {"output_tokens_per_s": 1.704, "tpot_s": 0.587},
-    "t11": {"output_tokens_per_s": 4.609, "tpot_s": 1.686},
-    "t12": {"output_tokens_per_s": 3.872},
-    "t15": {"output_tokens_per_s": 0.956},
-    "t16": {"output_tokens_per_s": 1.269},
-    "t17": {"output_tokens_per_s": 2.761},
-    "t18": {"output_tokens_per_s": 1.111, "tpot_s": 0.795},
-    "t19": {"output_tokens_per_s": 1.502, "tpot_s": 1.191},
-    "t20": {"output_tokens_per_s": 1.491},
-    "t21": {"output_tokens_per_s": 1.191, "tpot_s": 1.073},
-    "t22": {"output_tokens_per_s": 0.951, "tpot_s": 1.027},
-    "t23": {"output_tokens_per_s": 2.839, "tpot_s": 0.352},
-    "t31": {"output_tokens_per_s": 0.406, "tpot_s": 1.575},
-    "t32": {"output_tokens_per_s": 1.038, "tpot_s": 1.186},
-    "t33": {"output_tokens_per_s": 0.424, "tpot_s": 3.297},
-    "t35": {"tpot_s": 1.204},
+    "t01": {"output_tokens_per_s": 1.033, "tpot_s": 1.208},
+    "t02": {"output_tokens_per_s": 1.316, "tpot_s": 0.791},
+    "t03": {"output_tokens_per_s": 0.957, "tpot_s": 1.045},
+    "t04": {"output_tokens_per_s": 0.804, "tpot_s": 1.245},
+    "t07": {"output_tokens_per_s": 0.628, "tpot_s": 1.585},
+    "t08": {"output_tokens_per_s": 0.813, "tpot_s": 1.180},
+    "t09": {"output_tokens_per_s": 1.160, "tpot_s": 0.862},
+    "t10": {"output_tokens_per_s": 1.661, "tpot_s": 0.602},
+    "t11": {"output_tokens_per_s": 2.935, "tpot_s": 1.472},
+    "t12": {"output_tokens_per_s": 1.564},
+    "t15": {"output_tokens_per_s": 0.808},
+    "t16": {"output_tokens_per_s": 0.823},
+    "t17": {"output_tokens_per_s": 1.332},
+    "t18": {"output_tokens_per_s": 1.114, "tpot_s": 0.794},
+    "t19": {"output_tokens_per_s": 1.607, "tpot_s": 0.877},
+    "t20": {"output_tokens_per_s": 1.064},
+    "t21": {"output_tokens_per_s": 1.138, "tpot_s": 0.449},
+    "t22": {"output_tokens_per_s": 0.925, "tpot_s": 1.057},
+    "t23": {"output_tokens_per_s": 2.689, "tpot_s": 0.372},
+    "t31": {"output_tokens_per_s": 0.835, "tpot_s": 0.766},
+    "t32": {"output_tokens_per_s": 1.040, "tpot_s": 1.183},
+    "t33": {"output_tokens_per_s": 0.893, "tpot_s": 1.563},
+    "t35": {"tpot_s": 1.125},
 }
 
 
@@ -79,8 +79,10 @@ def test_each_published_point_stays_where_it_is(
 def test_the_medians_meet_the_target(replayed: dict[str, dict[str, Any]]) -> None:
     bench = load_script("bench/speed.py")
     s = bench.summary(list(replayed.values()))
-    assert s["output_tokens_per_s"]["median_abs_error"] <= 0.30  # today 26.9%
-    assert s["tpot_s"]["median_abs_error"] <= 0.25  # today 21.8%
+    # The issue's target: within 25% median; today 18.2% and 20.9% (vLLM points that their
+    # source does not flag as anomalous).
+    assert s["output_tokens_per_s"]["median_abs_error"] <= 0.25
+    assert s["tpot_s"]["median_abs_error"] <= 0.25
 
 
 @pytest.mark.skipif(not SHARED.is_file(), reason="no ../shared/calibration beside the checkout")
@@ -133,3 +135,21 @@ def test_more_requests_more_tokens_per_second_slower_each() -> None:
     assert many.output_tokens_per_s > 5 * one.output_tokens_per_s
     assert many.tpot_s > one.tpot_s
     assert one.requests_per_s == pytest.approx(one.output_tokens_per_s / 500)
+
+
+def test_a_burst_with_varied_lengths_drains_slower_than_fixed_lengths() -> None:
+    from oominfer.speed.performance import predict_burst
+
+    spec = load_spec("meta-llama/Llama-3.1-8B-Instruct")
+    hw = Hardware.from_gpu("H100")
+    s = VllmSettings(max_model_len=4096)
+    b = estimate(spec, hardware=hw, settings=s)
+    kw: dict[str, Any] = {"gpu": hw.gpu, "settings": s, "breakdown": b, "requests": 3000,
+                          "input_len": 200, "output_len": 200}  # fmt: skip
+    fixed = predict_burst(spec, spread=False, **kw)
+    varied = predict_burst(spec, spread=True, **kw)
+    assert fixed is not None and varied is not None
+    assert fixed.concurrency == varied.concurrency == b.max_num_seqs
+    # The last requests finish at an ever smaller batch: fewer tokens per second overall.
+    assert varied.output_tokens_per_s < fixed.output_tokens_per_s
+    assert varied.requests_per_s == pytest.approx(varied.output_tokens_per_s / 200)

@@ -234,3 +234,92 @@ def _prefill_seconds(s: Stage, c: Chip, w: Workload, running: int, chunk: int) -
         seconds += step.seconds
         done += n
     return seconds
+
+
+def predict_burst(
+    spec: ModelSpec,
+    *,
+    gpu: GpuSpec,
+    settings: VllmSettings,
+    breakdown: MemoryBreakdown,
+    requests: int,
+    input_len: int,
+    output_len: int,
+    spread: bool,
+) -> Performance | None:
+    """Predicted speed of ``requests`` requests sent all at once and run to the end (vLLM's
+    benchmark_throughput, or benchmark_serving at request rate inf): what a batch job sees.
+
+    Unlike the steady closed loop of ``predict``, the run has a start and an end: every
+    prompt is prefilled (compute-bound), the scheduler keeps as many requests running as fit
+    while any wait, and then the last ones drain at an ever smaller batch. With ``spread``
+    the output lengths vary around ``output_len`` (real chat data such as ShareGPT: taken
+    as exponential, so the drain lasts about ln(running) mean lengths); without it every
+    request generates exactly ``output_len`` tokens.
+    """
+    if breakdown.engine != "vllm" or not breakdown.fits:
+        return None
+    c = chip(gpu, settings, spec)
+    if c is None:
+        return None
+    w = _within(
+        Workload(input_len=input_len, output_len=output_len, concurrency=requests),
+        breakdown.max_model_len,
+    )
+    s = stage(spec, settings, breakdown)
+    pp = settings.pipeline_parallel_size
+    running = min(requests, breakdown.running_at(w.total_len))
+    if running < 1:
+        return None
+    context = w.input_len + w.output_len / 2
+    chunk = breakdown.max_num_batched_tokens
+    prefill_steps = math.ceil(requests * w.input_len / chunk)
+    prefill = (
+        prefill_steps
+        * step_time(
+            s, c, decodes=0, context=0, prefill_tokens=chunk, prefill_context=w.input_len / 2
+        ).seconds
+    )
+
+    def step(batch: float) -> float:
+        return step_time(s, c, decodes=batch, context=context).seconds
+
+    full = step(running)
+    tokens = requests * w.output_len
+    if spread:
+        # While requests wait, every finished one is replaced: the batch stays full. The last
+        # `running` requests then drain; with exponential lengths (memoryless) those alive
+        # t steps later number running * exp(-t / output_len).
+        steady_tokens = max(requests - running, 0) * w.output_len
+        drain_time, drain_weighted, t = 0.0, 0.0, 0.0
+        dt = max(w.output_len / 50, 1.0)
+        while (alive := running * math.exp(-t / w.output_len)) >= 1:
+            drain_time += dt * step(alive)
+            drain_weighted += dt * step(alive) * alive
+            t += dt
+    else:
+        steady_tokens = tokens - running * w.output_len
+        drain_time = w.output_len * full
+        drain_weighted = drain_time * running
+    steady_time = steady_tokens / running * full
+    decode = (steady_time + drain_time) * pp
+    total = prefill * pp + decode
+    tpot = (steady_time * running + drain_weighted) / max(steady_tokens + running * w.output_len, 1)
+    # A request waits for the prompts ahead of it and, when not in the first batch, for
+    # a slot: on average half of each.
+    waiting = max(requests - running, 0) / requests
+    ttft = REQUEST_OVERHEAD_S + prefill * pp / 2 + waiting * steady_time * pp / 2
+    return Performance(
+        ttft_s=ttft,
+        tpot_s=tpot * pp,
+        output_tokens_per_s=tokens / total,
+        requests_per_s=requests / total,
+        concurrency=running,
+        input_len=w.input_len,
+        output_len=w.output_len,
+        bound=step_time(s, c, decodes=running, context=context).bound,
+        requested_concurrency=requests,
+        limited_by=None
+        if running >= requests
+        else ("max_num_seqs" if running >= breakdown.max_num_seqs else "kv_cache"),
+    )

@@ -19,7 +19,9 @@ from typing import Final, Literal
 Bound = Literal["memory", "compute"]
 
 # Fitted on the 21 vLLM points of throughput_points.jsonl that bench/speed.py can place
-# (dense and MoE, L4 to B200, TP 1-8, bf16/fp8/AWQ; a grid over these five constants,
+# (dense and MoE, L4 to B200, TP 1-8, bf16/fp8/AWQ; steady closed loops with
+# ``predict``, bursts of all prompts at once with ``predict_burst``; a grid over the five
+# constants BANDWIDTH_EFFICIENCY to MOE_LAYER_FLOOR_S,
 # minimising the median errors of output tokens/s and TPOT plus their worst factors): the
 # share of the datasheet bandwidth and FLOPs a step reaches, and the fixed costs of a step.
 # The all-reduce latencies and the 4-bit and eager factors are set from their points (t07,
@@ -31,13 +33,13 @@ COMPUTE_EFFICIENCY: Final = 0.30
 """GEMMs of a step reach this share of the dense tensor-core peak."""
 STEP_FLOOR_S: Final = 0.35e-3
 """A step's fixed cost with CUDA graphs: scheduling, sampling, detokenizing."""
-LAYER_FLOOR_S: Final = 24e-6
+LAYER_FLOOR_S: Final = 32e-6
 """Per decoder layer and step: the kernels a layer launches cost this even when they move
 few bytes (norms, rotary, attention metadata)."""
-SEQUENCE_STEP_S: Final = 120e-6
+SEQUENCE_STEP_S: Final = 40e-6
 """Per running request and step: the scheduler, sampler and detokenizer touch each request
 (CPU work that grows with the batch, not hidden by CUDA graphs)."""
-MOE_LAYER_FLOOR_S: Final = 25e-6
+MOE_LAYER_FLOOR_S: Final = 10e-6
 """Per MoE layer and step on top: routing, token permutation and the grouped GEMM."""
 EAGER_LAYER_S: Final = 60e-6
 """Per layer and step without CUDA graphs (enforce_eager): Python launches every kernel."""
