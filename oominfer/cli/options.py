@@ -177,8 +177,8 @@ fit_options = _compose(
         show_default=True,
         help="balanced: vLLM's defaults when they fit, else a practical context before "
         "quality or speed; context: the longest context, any lever; throughput: the most "
-        "requests of --typical-length at once, CUDA graphs on; quality: no quantization, "
-        "a shorter context instead.",
+        "predicted output tokens/s for --input-len/--output-len requests (at --concurrency, "
+        "else as many as fit); quality: no quantization, a shorter context instead.",
     ),
     click.option(
         "--min-context", type=POSITIVE,

@@ -17,7 +17,8 @@ Prefer = Literal["balanced", "context", "throughput", "quality"]
   practical length before anything else, then the cheapest levers in quality and speed.
 - ``context``: the longest context (up to ``--max-model-len`` or the trained length), with
   whatever levers that takes.
-- ``throughput``: the most concurrent requests of a typical length, CUDA graphs on.
+- ``throughput``: the most output tokens/s the speed model predicts for the typical request
+  (``--input-len``/``--output-len``), then the most concurrent requests, CUDA graphs on.
 - ``quality``: no quantization of weights or KV cache; the context shrinks instead.
 """
 PREFERENCES: Final = get_args(Prefer)
