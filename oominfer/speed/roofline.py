@@ -19,24 +19,26 @@ from typing import Final, Literal
 Bound = Literal["memory", "compute"]
 
 # Fitted on the 21 vLLM points of throughput_points.jsonl that bench/speed.py can place
-# (dense and MoE, L4 to B200, TP 1-8, bf16/fp8/AWQ; steady closed loops with
-# ``predict``, bursts of all prompts at once with ``predict_burst``; a grid over the five
-# constants BANDWIDTH_EFFICIENCY to MOE_LAYER_FLOOR_S,
-# minimising the median errors of output tokens/s and TPOT plus their worst factors): the
-# share of the datasheet bandwidth and FLOPs a step reaches, and the fixed costs of a step.
-# The all-reduce latencies and the 4-bit and eager factors are set from their points (t07,
-# t10, t18) by hand.
+# (dense and MoE, L4 to B200, TP 1-8, bf16/fp8/AWQ; steady closed loops through
+# ``predict``, bursts of all prompts at once through ``predict_burst``): a grid over
+# BANDWIDTH_EFFICIENCY, COMPUTE_EFFICIENCY, GEMM_HALF_TOKENS, LAYER_FLOOR_S,
+# SEQUENCE_STEP_S and MOE_LAYER_FLOOR_S, minimising the median errors of output tokens/s
+# and TPOT, their worst factors and a tenth of TTFT's median error. The all-reduce
+# latencies and the 4-bit and eager factors are set by hand from their points (t07, t10,
+# t18); the step floor and the request overhead from the single-stream points (t01, t03).
 BANDWIDTH_EFFICIENCY: Final = 0.70
 """Decode reads weights and KV cache at this share of the HBM bandwidth (single-stream
 dense points sit at 1.15-1.6x the pure bandwidth bound, floor included)."""
-COMPUTE_EFFICIENCY: Final = 0.30
+COMPUTE_EFFICIENCY: Final = 0.40
 """GEMMs of a step reach this share of the dense tensor-core peak."""
+GEMM_HALF_TOKENS: Final = 64
+"""Tokens in a step at which its GEMMs reach half of COMPUTE_EFFICIENCY x the peak."""
 STEP_FLOOR_S: Final = 0.35e-3
 """A step's fixed cost with CUDA graphs: scheduling, sampling, detokenizing."""
-LAYER_FLOOR_S: Final = 32e-6
+LAYER_FLOOR_S: Final = 24e-6
 """Per decoder layer and step: the kernels a layer launches cost this even when they move
 few bytes (norms, rotary, attention metadata)."""
-SEQUENCE_STEP_S: Final = 40e-6
+SEQUENCE_STEP_S: Final = 20e-6
 """Per running request and step: the scheduler, sampler and detokenizer touch each request
 (CPU work that grows with the batch, not hidden by CUDA graphs)."""
 MOE_LAYER_FLOOR_S: Final = 10e-6
@@ -140,7 +142,10 @@ def step_time(
     attention = stage.attention_flops_per_context_token * (
         decodes * context + prefill_tokens * prefill_context
     )
-    compute = (tokens * stage.flops_per_token + attention) / chip.flops
+    # GEMMs over few tokens do not fill the tensor cores: the share of the peak reached
+    # grows with the tokens of the step, half of it at GEMM_HALF_TOKENS.
+    fill = tokens / (tokens + GEMM_HALF_TOKENS) if tokens > 0 else 1.0
+    compute = (tokens * stage.flops_per_token + attention) / (chip.flops * fill)
     floor = (
         STEP_FLOOR_S
         + SEQUENCE_STEP_S * decodes
