@@ -221,7 +221,17 @@ def test_gpus_json() -> None:
         "cuda_total_bytes",
         "compute_capability",
         "product_label",
+        "memory_bandwidth_gbps",
+        "tflops_16bit",
+        "tflops_fp8",
+        "tops_int8",
+        "interconnect",
+        "interconnect_gbps",
     } <= set(rows[0])
+    # Every GPU has the datasheet figures the speed model reads.
+    assert all(r["memory_bandwidth_gbps"] and r["tflops_16bit"] for r in rows)
+    h100 = next(r for r in rows if r["name"] == "H100-SXM-80GB")
+    assert (h100["tflops_16bit"], h100["tflops_fp8"], h100["interconnect"]) == (989, 1979, "nvlink")
 
 
 def test_models_lists_the_catalog() -> None:

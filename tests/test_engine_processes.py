@@ -57,6 +57,9 @@ def test_a_ready_engine_is_loaded_at_the_plans_limits(
                          on_progress=lambda s, phase: progress.append(phase))  # fmt: skip
     assert result.status is ProbeStatus.READY, result.detail
     assert result.requests_ok == 1 + 4  # one at max_model_len, then max_num_seqs at once
+    # The max_num_seqs concurrent requests are timed: the speed the engine served them at.
+    assert result.load is not None and result.load.concurrency == 4
+    assert result.load.output_tokens == 4 * 8 and result.load.output_tokens_per_s
     assert result.facts.phase == "ready"
     # each new phase is reported at once (a live status line), the load test last
     assert progress[0] == "starting" and progress[-1] == "loading at the plan's limits"

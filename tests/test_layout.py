@@ -21,13 +21,14 @@ PURE_CORE = (
     "rules",
     "memory",
     "planning",
+    "speed",
     "k8s",
     "report",
 )
 """The steps that must run anywhere, fast: no engine, no child process, no HTTP client."""
 FORBIDDEN_IN_CORE = ("torch", "vllm", "transformers", "httpx", "subprocess")
 STEPS = (
-    "base", "settings", "model", "hardware", "rules", "memory", "planning", "runtime",
+    "base", "settings", "model", "hardware", "rules", "memory", "speed", "planning", "runtime",
     "engines", "verify", "serving", "k8s", "api",
 )  # fmt: skip
 

@@ -27,6 +27,12 @@ def list_gpus(as_json: bool) -> None:
                         "cuda_total_bytes": g.cuda_total_bytes,
                         "compute_capability": list(g.compute_capability),
                         "product_label": g.product_label,
+                        "memory_bandwidth_gbps": g.memory_bandwidth_gbps,
+                        "tflops_16bit": g.tflops_16bit,
+                        "tflops_fp8": g.tflops_fp8,
+                        "tops_int8": g.tops_int8,
+                        "interconnect": g.interconnect,
+                        "interconnect_gbps": g.interconnect_gbps,
                     }
                     for g in rows
                 ],
@@ -36,8 +42,11 @@ def list_gpus(as_json: bool) -> None:
         return
     for g in rows:
         cc = ".".join(map(str, g.compute_capability))
+        speed = f"{g.memory_bandwidth_gbps or 0:6,.0f} GB/s {g.tflops_16bit or 0:6,.0f} TFLOPS"
+        link = f"{g.interconnect} {g.interconnect_gbps or 0:,.0f} GB/s"
         click.echo(
-            f"{g.name:<32} {g.cuda_total_bytes / GiB:7.2f} GiB  cc {cc:<5} {g.product_label}"
+            f"{g.name:<32} {g.cuda_total_bytes / GiB:7.2f} GiB  cc {cc:<5} {speed}  {link:<15} "
+            f"{g.product_label}"
         )
 
 

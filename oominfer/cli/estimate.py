@@ -16,6 +16,7 @@ from oominfer.cli.options import (
     REVISION,
     build_hardware,
     build_settings,
+    build_workload,
     hardware_options,
     settings_options,
 )
@@ -67,7 +68,11 @@ def estimate(model: str, revision: str | None, as_json: bool, **opts: Any) -> No
     from oominfer.planning.document import Prediction
     from oominfer.report.breakdown import breakdown_table, memory_bar, verdict
     from oominfer.report.shapes import breakdown_json, error_json_of
+    from oominfer.report.speed import performance_json, speed_lines
     from oominfer.report.ways_out import ways_out
+    from oominfer.speed import calibrated
+    from oominfer.speed import predict as predict_speed
+    from oominfer.verify.speed_store import recall
 
     settings = build_settings(opts)
     hardware = build_hardware(opts)
@@ -81,6 +86,14 @@ def estimate(model: str, revision: str | None, as_json: bool, **opts: Any) -> No
     b = run_estimate(spec, hardware, settings, engine=opts["engine"], engine_version=release)
     predicted = Prediction.of(b)
     fits, line = verdict(predicted)
+    perf = predict_speed(
+        spec, gpu=hardware.gpu, settings=settings, breakdown=b, workload=build_workload(opts)
+    )
+    measured = recall(spec.model_id, hardware.gpu.name, release) if perf else None
+    if perf is not None and measured is not None and measured.ratio is not None:
+        perf = calibrated(perf, measured.ratio)
+    else:
+        measured = None
     note = parallel_note(spec, hardware, settings)
     if note:
         click.echo(note, err=True)
@@ -111,6 +124,7 @@ def estimate(model: str, revision: str | None, as_json: bool, **opts: Any) -> No
                                 reported=True)  # fmt: skip
     if as_json:
         document = breakdown_json(spec, hardware, settings, b)
+        document["performance"] = performance_json(perf, measured)
         if error is not None:  # one document: the error's keys first, then the estimate
             document = {**error_json_of(error), **document}
         click.echo(json.dumps(document, indent=2))
@@ -121,6 +135,9 @@ def estimate(model: str, revision: str | None, as_json: bool, **opts: Any) -> No
         bar = memory_bar(predicted)
         click.echo("".join(click.style(g, fg=c) for g, c, _ in bar))
         click.echo("  ".join(click.style(legend, fg=c) for _, c, legend in bar))
+        if fits:
+            for row in speed_lines(perf, measured):
+                click.echo(row)
         click.secho(line, fg="green" if fits else "red", bold=True)
         if error is not None and error.hint:
             click.echo(error.hint)

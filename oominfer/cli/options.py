@@ -25,6 +25,10 @@ from oominfer.edge.limits import (
 from oominfer.hardware.hardware import Hardware
 from oominfer.planning.constraints import PRACTICAL_CONTEXT, Constraints, Prefer
 from oominfer.settings import DECLARED, DEVICES, ENGINES, Declared, Device, EngineSettings
+from oominfer.speed.workload import CONCURRENCY as CONCURRENCY_DEFAULT
+from oominfer.speed.workload import INPUT_LEN as INPUT_LEN_DEFAULT
+from oominfer.speed.workload import OUTPUT_LEN as OUTPUT_LEN_DEFAULT
+from oominfer.speed.workload import Workload
 
 F = TypeVar("F", bound=Callable[..., Any])
 DEFAULT_CONSTRAINTS = Constraints()
@@ -133,6 +137,22 @@ def engine_setting_options(*, requirement: bool) -> Callable[[F], F]:
     return _compose(*chosen)
 
 
+INPUT_LEN = click.option(
+    "--input-len", type=POSITIVE,
+    help=f"Prompt tokens of a typical request, for the predicted speed (default: "
+    f"{INPUT_LEN_DEFAULT:,}; fit: with --output-len, the --typical-length).",
+)  # fmt: skip
+OUTPUT_LEN = click.option(
+    "--output-len", type=POSITIVE,
+    help=f"Generated tokens of a typical request, for the predicted speed (default: "
+    f"{OUTPUT_LEN_DEFAULT:,}).",
+)  # fmt: skip
+SPEED_CONCURRENCY = click.option(
+    "--concurrency", type=POSITIVE, default=CONCURRENCY_DEFAULT, show_default=True,
+    help="Requests sent at once, for the predicted speed; vLLM runs at most max_num_seqs "
+    "and what the KV cache holds, the rest wait.",
+)  # fmt: skip
+
 hardware_options = _compose(
     click.option(
         "--gpu", metavar="NAME",
@@ -150,7 +170,14 @@ hardware_options = _compose(
 )  # fmt: skip
 """--gpu, --gpus, --gpu-memory, --device, --memory."""
 
-settings_options = _compose(ENGINE, engine_setting_options(requirement=False), ENGINE_VERSION)
+settings_options = _compose(
+    ENGINE,
+    engine_setting_options(requirement=False),
+    ENGINE_VERSION,
+    INPUT_LEN,
+    OUTPUT_LEN,
+    SPEED_CONCURRENCY,
+)
 """The engine flags of `estimate`, under vLLM's names and with vLLM's defaults."""
 
 fit_options = _compose(
@@ -162,8 +189,8 @@ fit_options = _compose(
         show_default=True,
         help="balanced: vLLM's defaults when they fit, else a practical context before "
         "quality or speed; context: the longest context, any lever; throughput: the most "
-        "requests of --typical-length at once, CUDA graphs on; quality: no quantization, "
-        "a shorter context instead.",
+        "predicted output tokens/s for --input-len/--output-len requests (at --concurrency, "
+        "else as many as fit); quality: no quantization, a shorter context instead.",
     ),
     click.option(
         "--min-context", type=POSITIVE,
@@ -171,13 +198,26 @@ fit_options = _compose(
         "up only when nothing else fits).",
     ),
     click.option(
-        "--typical-length", type=POSITIVE, default=DEFAULT_CONSTRAINTS.typical_length,
-        show_default=True,
-        help="Tokens (prompt + output) of a typical request: concurrency is counted in these.",
+        "--typical-length", type=POSITIVE,
+        help="Tokens (prompt + output) of a typical request: concurrency is counted in these "
+        f"(default: --input-len + --output-len, {DEFAULT_CONSTRAINTS.typical_length:,}; given "
+        "alone, it is split between them in their default ratio).",
     ),
+    INPUT_LEN,
+    OUTPUT_LEN,
     click.option(
         "--concurrency", type=POSITIVE,
         help="Requests of --typical-length that must run at once.",
+    ),
+    click.option(
+        "--max-tpot", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
+        help="Latency requirement: the fastest plan whose predicted time per output token "
+        "is at most this (exit 3 when none is).",
+    ),
+    click.option(
+        "--max-ttft", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
+        help="Latency requirement: the fastest plan whose predicted time to first token is "
+        "at most this (exit 3 when none is).",
     ),
     click.option("--no-quantize", is_flag=True, help="Never quantize the weights."),
     click.option("--allow-offload", is_flag=True, help="Allow CPU offload of weights (slow)."),
@@ -297,14 +337,52 @@ def requested_settings(opts: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def lengths(opts: dict[str, Any]) -> tuple[int, int]:
+    """Prompt and output tokens from --input-len/--output-len, and on fit --typical-length
+    (their sum: given alone, split in the defaults' ratio; given with both, it must agree)."""
+    given_in, given_out = opts.get("input_len"), opts.get("output_len")
+    typical = opts.get("typical_length")
+    if (
+        typical is not None
+        and given_in is not None
+        and given_out is not None
+        and given_in + given_out != typical
+    ):
+        raise InvalidSettingError(
+            f"--typical-length {typical} is not --input-len {given_in} + --output-len {given_out}.",
+            hint="Pass --typical-length alone, or --input-len and --output-len.",
+        )
+    if typical is not None:
+        if given_in is not None:
+            return given_in, max(typical - given_in, 1)
+        if given_out is not None:
+            return max(typical - given_out, 1), given_out
+        share = OUTPUT_LEN_DEFAULT / (INPUT_LEN_DEFAULT + OUTPUT_LEN_DEFAULT)
+        out = max(round(typical * share), 1)
+        return max(typical - out, 1), out
+    return given_in or INPUT_LEN_DEFAULT, given_out or OUTPUT_LEN_DEFAULT
+
+
+def build_workload(opts: dict[str, Any]) -> Workload:
+    """The requests `estimate` predicts the speed of."""
+    input_len, output_len = lengths(opts)
+    return Workload(input_len=input_len, output_len=output_len, concurrency=opts["concurrency"])
+
+
 def build_constraints(opts: dict[str, Any]) -> Constraints:
     """Constraints from the fit flags (the dataclass validates them)."""
+    input_len, output_len = lengths(opts)
+    typical = opts.get("typical_length") or input_len + output_len
     return Constraints(
         engine=opts["engine"],
         dtype=opts.get("dtype") or "auto",
         prefer=opts["prefer"],
         min_context=opts.get("min_context"),
-        typical_length=opts["typical_length"],
+        typical_length=typical,
+        input_len=input_len,
+        output_len=output_len,
+        max_tpot=opts.get("max_tpot"),
+        max_ttft=opts.get("max_ttft"),
         concurrency=opts.get("concurrency"),
         max_model_len=_context(opts),
         requested=requested_settings(opts),

@@ -12,7 +12,7 @@ import json
 import re
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from oominfer.base.errors import InvalidSettingError, UnknownGpuError
 from oominfer.base.units import GiB, MiB
@@ -22,6 +22,8 @@ from oominfer.base.units import GiB, MiB
 # 23.58 GiB (430 MiB), A10 23028 MiB vs 22.07 GiB (428 MiB), L40S 46068 MiB vs 44.42 GiB
 # (582 MiB). Used only where the catalog has no printed CUDA total.
 CUDA_RESERVED_BYTES: Final = 480 * MiB
+
+Interconnect = Literal["nvlink", "pcie"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -43,6 +45,16 @@ class GpuSpec:
     """Streaming multiprocessors (sizes TRITON_MLA's decode workspace)."""
     free_bytes: int | None = None
     """Memory free right now (live detection only): other processes may hold the rest."""
+    tflops_16bit: float | None = None
+    """Dense tensor-core TFLOPS in bf16/fp16 (fp32 accumulate), from the vendor datasheet."""
+    tflops_fp8: float | None = None
+    """Dense FP8 tensor-core TFLOPS; None where the GPU has no FP8 units (before Ada)."""
+    tops_int8: float | None = None
+    """Dense INT8 tensor-core TOPS; None where the GPU has no INT8 tensor cores."""
+    interconnect: Interconnect = "pcie"
+    """How tensor-parallel peers exchange activations: NVLink or PCIe."""
+    interconnect_gbps: float | None = None
+    """GPU-to-GPU bandwidth in GB/s, both directions together, as datasheets print it."""
 
     @property
     def supports_bf16(self) -> bool:
@@ -102,6 +114,11 @@ def _from_entry(entry: dict[str, Any]) -> GpuSpec:
         memory_bandwidth_gbps=entry.get("memory_bandwidth_gbps"),
         architecture=entry.get("architecture"),
         sm_count=entry.get("sm_count"),
+        tflops_16bit=entry.get("tflops_16bit"),
+        tflops_fp8=entry.get("tflops_fp8"),
+        tops_int8=entry.get("tops_int8"),
+        interconnect="nvlink" if entry.get("interconnect") == "nvlink" else "pcie",
+        interconnect_gbps=entry.get("interconnect_gbps"),
     )
 
 

@@ -41,6 +41,13 @@ def detect_gpus() -> list[GpuSpec]:
                     product_label=known.product_label if known else name.replace(" ", "-"),
                     marketing_name=name,
                     free_bytes=int(info.free),
+                    # The datasheet figures the speed model reads come from the catalog.
+                    memory_bandwidth_gbps=known.memory_bandwidth_gbps if known else None,
+                    tflops_16bit=known.tflops_16bit if known else None,
+                    tflops_fp8=known.tflops_fp8 if known else None,
+                    tops_int8=known.tops_int8 if known else None,
+                    interconnect=known.interconnect if known else "pcie",
+                    interconnect_gbps=known.interconnect_gbps if known else None,
                 )
             )
         return found

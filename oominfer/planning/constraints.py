@@ -9,6 +9,7 @@ from typing import Any, Final, Literal, get_args
 from oominfer.base.errors import InvalidSettingError
 from oominfer.rules.versions import LATEST_VLLM, EngineVersion
 from oominfer.settings import DECLARED, Dtype, Engine
+from oominfer.speed.workload import INPUT_LEN, OUTPUT_LEN, Workload
 
 Prefer = Literal["balanced", "context", "throughput", "quality"]
 """What the plan trades for what (planning/costs.py orders the levers for each):
@@ -17,7 +18,8 @@ Prefer = Literal["balanced", "context", "throughput", "quality"]
   practical length before anything else, then the cheapest levers in quality and speed.
 - ``context``: the longest context (up to ``--max-model-len`` or the trained length), with
   whatever levers that takes.
-- ``throughput``: the most concurrent requests of a typical length, CUDA graphs on.
+- ``throughput``: the most output tokens/s the speed model predicts for the typical request
+  (``--input-len``/``--output-len``), then the most concurrent requests, CUDA graphs on.
 - ``quality``: no quantization of weights or KV cache; the context shrinks instead.
 """
 PREFERENCES: Final = get_args(Prefer)
@@ -48,6 +50,14 @@ class Constraints:
     """Tokens of a typical request (--typical-length): the concurrency is counted in these."""
     concurrency: int | None = None
     """Requests of the typical length that must run at once (--concurrency)."""
+    input_len: int = INPUT_LEN
+    """Prompt tokens of a typical request (--input-len), for the predicted speed."""
+    output_len: int = OUTPUT_LEN
+    """Generated tokens of a typical request (--output-len), for the predicted speed."""
+    max_tpot: float | None = None
+    """Latency requirement: seconds per output token at most (--max-tpot)."""
+    max_ttft: float | None = None
+    """Latency requirement: seconds to the first token at most (--max-ttft)."""
     max_model_len: int | None = None
     """A cap on the context (--max-model-len)."""
     no_quantize: bool = False
@@ -75,6 +85,8 @@ class Constraints:
             ("--concurrency", self.concurrency),
             ("--max-model-len", self.max_model_len),
             ("--gpus-per-node", self.gpus_per_node),
+            ("--input-len", self.input_len),
+            ("--output-len", self.output_len),
         ):
             if value is not None and value < 1:
                 raise InvalidSettingError(f"{flag} must be positive, got {value}.")
@@ -89,6 +101,24 @@ class Constraints:
             raise InvalidSettingError(
                 f"--max-model-len {self.max_model_len} is below --min-context {self.min_context}."
             )
+
+        for flag, seconds in (("--max-tpot", self.max_tpot), ("--max-ttft", self.max_ttft)):
+            if seconds is not None and seconds <= 0:
+                raise InvalidSettingError(f"{flag} must be a positive number of seconds.")
+
+    def workload(self, running: int) -> Workload:
+        """The requests the speed is predicted for: --concurrency of them when asked, else
+        as many as the plan runs at once."""
+        return Workload(
+            input_len=self.input_len,
+            output_len=self.output_len,
+            concurrency=max(self.concurrency or running, 1),
+        )
+
+    @property
+    def has_latency_requirement(self) -> bool:
+        """--max-tpot or --max-ttft was given."""
+        return self.max_tpot is not None or self.max_ttft is not None
 
     def context_cap(self, trained: int) -> int:
         """The longest context a plan may have: the user's max_model_len, else the model's

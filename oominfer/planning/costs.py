@@ -61,6 +61,11 @@ LEVER_COSTS: Final = (
     LeverCost(
         "less_concurrency", "fewer requests of a typical length run at once: less throughput"
     ),
+    LeverCost(
+        "less_throughput",
+        "fewer output tokens a second over all replicas (predicted by the speed model for "
+        "--input-len/--output-len requests)",
+    ),
 )
 """Every cost, most expensive first in the balanced order."""
 
@@ -71,7 +76,7 @@ ORDER: Final[dict[Prefer, tuple[str, ...]]] = {
         "smaller_chunk", "gpus", "kv_quantization", "pipeline", "less_concurrency",
     ),
     "throughput": (
-        "cpu_offload", "below_floor", "eager", "less_concurrency", "fewer_seqs",
+        "cpu_offload", "below_floor", "less_throughput", "eager", "less_concurrency", "fewer_seqs",
         "weight_quantization", "smaller_chunk", "gpus", "kv_quantization", "pipeline",
         "shorter_context",
     ),
@@ -120,6 +125,9 @@ class Costs:
     """Minus the context."""
     less_concurrency: int
     """Minus the concurrency of typical requests over all replicas, in steps of sqrt(2)."""
+    less_throughput: int = 0
+    """Minus the predicted output tokens/s over all replicas, in steps of 10% (0 where the
+    objective does not ask for it)."""
 
     def key(self, prefer: Prefer) -> tuple[int, ...]:
         """The sort key of ``prefer`` (smaller is better)."""
@@ -131,7 +139,7 @@ class Costs:
         return [
             c.name
             for c in LEVER_COSTS
-            if c.name not in ("shorter_context", "less_concurrency")
+            if c.name not in ("shorter_context", "less_concurrency", "less_throughput")
             and getattr(self, c.name) > getattr(other, c.name)
         ]
 
@@ -139,6 +147,12 @@ class Costs:
 def halvings(default: int, value: int) -> int:
     """How many halvings take ``default`` down to ``value`` (0 when not below)."""
     return max(0, math.ceil(math.log2(default / value))) if value < default else 0
+
+
+def throughput_steps(tokens_per_s: float) -> int:
+    """Output tokens/s in steps of 10%: closer predictions than that are a tie (the speed
+    model is good to ~25%), left to the next cost to break."""
+    return int(math.log(tokens_per_s) / math.log(1.1)) if tokens_per_s > 1 else 0
 
 
 def concurrency_steps(requests: int) -> int:

@@ -17,6 +17,7 @@ from typing import Any, Final
 from oominfer.base.errors import InvalidSettingError, PlanError
 from oominfer.memory.breakdown import MemoryBreakdown
 from oominfer.settings import DEVICES, ENGINES, Device, Engine, EngineSettings
+from oominfer.speed import Measured, Performance
 
 SCHEMA_VERSION: Final = 1
 
@@ -137,6 +138,8 @@ class Alternative:
     settings: EngineSettings
     replicas: int = 1
     concurrency: Concurrency | None = None
+    performance: Performance | None = None
+    """Its predicted speed, as the plan's."""
     turns: tuple[str, ...] = ()
     """Levers it turns that the plan does not (planning/costs.py names)."""
     spares: tuple[str, ...] = ()
@@ -167,6 +170,13 @@ class Plan:
     --data-parallel-size on one machine)."""
     concurrency: Concurrency | None = None
     """Requests one replica runs at once."""
+    performance: Performance | None = None
+    """Predicted speed for the typical request (--input-len/--output-len) at --concurrency
+    or the concurrency the plan runs, over all replicas (oominfer.speed); None in plans
+    written before the speed model, and where it cannot be predicted."""
+    measured: Measured | None = None
+    """The output tokens/s the engine served in verification's load test, beside the
+    prediction for those same requests."""
     levers: tuple[Lever, ...] = ()
     alternatives: tuple[Alternative, ...] = ()
     """The nearest plans the search set aside, each with what it would trade."""
@@ -245,6 +255,8 @@ def plan_from_dict(data: Any, *, source: str = "plan") -> Plan:
             baseline=_prediction(data.get("baseline")),
             replicas=int(data.get("replicas", 1)),
             concurrency=_concurrency(data.get("concurrency")),
+            performance=_performance(data.get("performance")),
+            measured=Measured(**_section(data, "measured")) if data.get("measured") else None,
             alternatives=tuple(_alternative(a) for a in _list(data, "alternatives")),
             levers=tuple(Lever(**_object(lever, "a lever")) for lever in _list(data, "levers")),
             constraints=_section(data, "constraints"),
@@ -330,6 +342,10 @@ def _concurrency(data: Any) -> Concurrency | None:
     return Concurrency(**data) if data else None
 
 
+def _performance(data: Any) -> Performance | None:
+    return Performance(**_object(data, "'performance'")) if data else None
+
+
 def _alternative(data: Any) -> Alternative:
     return Alternative(
         name=str(data["name"]),
@@ -337,6 +353,7 @@ def _alternative(data: Any) -> Alternative:
         settings=EngineSettings(**data["settings"]),
         replicas=int(data.get("replicas", 1)),
         concurrency=_concurrency(data.get("concurrency")),
+        performance=_performance(data.get("performance")),
         turns=tuple(data.get("turns") or ()),
         spares=tuple(data.get("spares") or ()),
     )

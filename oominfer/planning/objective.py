@@ -10,8 +10,9 @@ from oominfer.hardware.hardware import Hardware
 from oominfer.memory.profile import vllm_defaults
 from oominfer.model.spec import ModelSpec
 from oominfer.planning.constraints import Constraints, Prefer
-from oominfer.planning.costs import Costs, concurrency_steps, halvings
+from oominfer.planning.costs import Costs, concurrency_steps, halvings, throughput_steps
 from oominfer.planning.search import Candidate
+from oominfer.planning.speed import performance_of
 
 QUANTIZATION_RANK: Final = {
     None: 0,
@@ -28,6 +29,10 @@ def costs(cand: Candidate, spec: ModelSpec, hardware: Hardware, c: Constraints) 
     """The costs ``cand`` pays, against vLLM's defaults on this hardware."""
     s = cand.settings
     default_chunk, default_seqs = vllm_defaults(hardware)
+    throughput = 0
+    if c.prefer == "throughput":
+        perf = performance_of(cand, spec, hardware, c)
+        throughput = throughput_steps(perf.output_tokens_per_s) if perf else 0
     return Costs(
         cpu_offload=math.ceil(s.cpu_offload_gb),
         below_floor=max(0, c.floor(spec.max_position_embeddings) - cand.context),
@@ -40,6 +45,7 @@ def costs(cand: Candidate, spec: ModelSpec, hardware: Hardware, c: Constraints) 
         pipeline=s.pipeline_parallel_size,
         shorter_context=-cand.context,
         less_concurrency=-concurrency_steps(cand.total_running),
+        less_throughput=-throughput,
     )
 
 

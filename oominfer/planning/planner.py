@@ -34,11 +34,13 @@ from oominfer.planning.search import (
     settle,
     with_offload,
 )
+from oominfer.planning.speed import fastest_within, performance_of
 from oominfer.settings import Dtype, Engine, EngineSettings
+from oominfer.speed import Performance
 
 ALTERNATIVES: tuple[tuple[Prefer, str], ...] = (
     ("context", "longest context"),
-    ("throughput", "most concurrency"),
+    ("throughput", "most tokens/s"),
     ("quality", "native precision"),
     ("balanced", "balanced"),
 )
@@ -59,6 +61,8 @@ class PlanResult:
     candidates: int
     replicas: int = 1
     concurrency: Concurrency | None = None
+    performance: Performance | None = None
+    """The predicted speed of the typical request (None where it cannot be predicted)."""
     alternatives: tuple[Alternative, ...] = ()
     defaults_fit: bool = False
     """The plan is vLLM's defaults (do no harm)."""
@@ -76,6 +80,14 @@ def plan(spec: ModelSpec, hardware: Hardware, constraints: Constraints) -> PlanR
     found = list(candidates(spec, hardware, c))
     chosen = _defaults_that_fit(spec, hardware, c)
     defaults_fit = chosen is not None
+    if c.has_latency_requirement:
+        # A latency requirement is met, as any requirement is: the fastest plan that meets
+        # it, vLLM's defaults included, else exit 3 with the closest.
+        pool = [*found, *([chosen] if chosen is not None else [])]
+        if pool:
+            pick = fastest_within(pool, spec, hardware, c)
+            defaults_fit = pick is chosen
+            chosen = pick
     if chosen is None:
         chosen = best(found, spec, hardware, c)
     if chosen is None and c.allow_offload and not hardware.is_cpu:
@@ -96,6 +108,7 @@ def plan(spec: ModelSpec, hardware: Hardware, constraints: Constraints) -> PlanR
         candidates=len(found),
         replicas=chosen.replicas,
         concurrency=concurrency(chosen),
+        performance=performance_of(chosen, spec, hardware, c),
         alternatives=_alternatives(spec, hardware, c, chosen, found),
         defaults_fit=defaults_fit,
     )
@@ -177,6 +190,7 @@ def _alternatives(
                 settings=pick.settings,
                 replicas=pick.replicas,
                 concurrency=concurrency(pick),
+                performance=performance_of(pick, spec, hardware, c),
                 turns=tuple(theirs.turned(mine)),
                 spares=tuple(mine.turned(theirs)),
             )

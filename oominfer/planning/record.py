@@ -11,6 +11,7 @@ from oominfer.model.spec import ModelSpec
 from oominfer.planning.constraints import Constraints
 from oominfer.planning.document import Lever, Plan, Prediction, Verification
 from oominfer.planning.planner import PlanResult
+from oominfer.speed import Measured
 
 
 def architecture_facts(spec: ModelSpec) -> dict[str, Any]:
@@ -63,6 +64,7 @@ def make_plan(
     engine_version: str | None,
     verification: Verification | None = None,
     extra_levers: tuple[Lever, ...] = (),
+    measured: Measured | None = None,
 ) -> Plan:
     """The plan document for a planner result."""
     return Plan(
@@ -78,6 +80,8 @@ def make_plan(
         baseline=Prediction.of(result.baseline) if result.baseline else None,
         replicas=result.replicas,
         concurrency=result.concurrency,
+        performance=result.performance,
+        measured=measured,
         alternatives=result.alternatives,
         # A lever the engine's measurement turned replaces the planner's lever of that name.
         levers=tuple(lv for lv in result.levers if lv.name not in {e.name for e in extra_levers})

@@ -7,6 +7,7 @@ import shlex
 from oominfer.base.units import format_bytes
 from oominfer.planning.document import Alternative, Concurrency, Plan
 from oominfer.report.breakdown import bar_line, verdict
+from oominfer.report.speed import speed_phrase
 from oominfer.settings import EngineSettings, engine_args
 
 
@@ -48,16 +49,44 @@ def serves_line(s: EngineSettings, concurrency: Concurrency | None, replicas: in
     return text
 
 
-def _alternative(alt: Alternative) -> str:
+def _alternative(alt: Alternative) -> list[str]:
     trade = []
     if alt.turns:
         trade.append("turns " + ", ".join(lever_phrase(n, alt.settings) for n in alt.turns))
     if alt.spares:
         trade.append("spares " + ", ".join(alt.spares).replace("_", " "))
-    return (
+    line = (
         f"  {alt.flag:<20} {alt.name}: {serves_line(alt.settings, alt.concurrency, alt.replicas)}"
         + (f" ({'; '.join(trade)})" if trade else "")
     )
+    if alt.performance is None:
+        return [line]
+    return [line, f"  {'':<20} predicted: {speed_phrase(alt.performance)}"]
+
+
+def _speed(plan: Plan) -> list[str]:
+    """The plan's predicted speed, and beside it each alternative's, in tokens/s and
+    latency (the trade-off view)."""
+    p = plan.performance
+    if p is None:
+        return []
+    lines = [
+        f"Predicted speed ({p.concurrency} requests at once of {p.input_len:,} prompt + "
+        f"{p.output_len:,} output tokens, {p.bound}-bound): {speed_phrase(p)}, "
+        f"{p.requests_per_s:,.2f} requests/s."
+    ]
+    if p.limited_by is not None:
+        lines.append(
+            f"  ({p.requested_concurrency} asked; {p.limited_by.replace('_', ' ')} caps the "
+            "requests at once, the rest wait for a slot.)"
+        )
+    others = [a for a in plan.alternatives if a.performance is not None]
+    if others:
+        lines.append(f"  {'this plan':<34} {speed_phrase(p)}")
+        for alt in others:
+            assert alt.performance is not None
+            lines.append(f"  {alt.flag:<34} {speed_phrase(alt.performance)}")
+    return lines
 
 
 def fit_report(plan: Plan, *, cached: bool = False) -> list[str]:
@@ -77,6 +106,7 @@ def fit_report(plan: Plan, *, cached: bool = False) -> list[str]:
     lines.append("  " + shlex.join(engine_args(plan.settings, plan.engine)))
     lines.append("")
     lines.append("Serves: " + serves_line(plan.settings, plan.concurrency, plan.replicas) + ".")
+    lines.extend(_speed(plan))
     lines.append("")
     lines.append("Levers:")
     for lever in plan.levers:
@@ -94,7 +124,8 @@ def fit_report(plan: Plan, *, cached: bool = False) -> list[str]:
     if plan.alternatives:
         lines.append("")
         lines.append("Set aside (each picked by its flag):")
-        lines.extend(_alternative(alt) for alt in plan.alternatives)
+        for alt in plan.alternatives:
+            lines.extend(_alternative(alt))
     v = plan.verification
     lines.append("")
     if cached and v is not None:
@@ -106,6 +137,17 @@ def fit_report(plan: Plan, *, cached: bool = False) -> list[str]:
             f"VERIFIED in {v.launches} launch(es), {v.load_seconds:.0f} s: {v.engine_version} "
             f"served {v.requests_ok} requests at the limits; {tokens}{peak}."
         )
+        m = plan.measured
+        if m is not None:
+            predicted = (
+                f"; {m.predicted_output_tokens_per_s:,.0f} predicted"
+                if m.predicted_output_tokens_per_s
+                else ""
+            )
+            lines.append(
+                f"Measured: {m.output_tokens_per_s:,.0f} output tok/s for {m.concurrency} "
+                f"requests at once of {m.input_len}+{m.output_len} tokens{predicted}."
+            )
     else:
         lines.append("Not verified (--no-verify, or no engine here): run `oominfer fit` where "
                      "the engine is installed to prove it.")  # fmt: skip

@@ -3,15 +3,40 @@
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from oominfer.settings import EngineSettings
 
 OUTPUT_TOKENS = 8
 """Tokens each load-test request generates."""
+CONCURRENT_PROMPT_TOKENS = 16
+"""Prompt tokens of each of the max_num_seqs concurrent requests."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoadResult:
+    """How the load test went, and the speed the concurrent requests were served at."""
+
+    requests_ok: int
+    error: str = ""
+    concurrency: int = 0
+    """Requests sent at once in the timed part."""
+    output_tokens: int = 0
+    """Output tokens those requests generated (the engine's usage counts)."""
+    seconds: float = 0.0
+    """Wall time from sending them to the last answer."""
+
+    @property
+    def output_tokens_per_s(self) -> float | None:
+        """Output tokens/s of the concurrent requests together (None when none ran)."""
+        return (
+            self.output_tokens / self.seconds if self.seconds > 0 and self.output_tokens else None
+        )
 
 
 def healthy(port: int) -> bool:
@@ -47,39 +72,49 @@ def _model_name(port: int, api_key: str | None) -> str:
 
 def load_test(
     port: int, settings: EngineSettings, *, timeout: float = 600.0, api_key: str | None = None
-) -> tuple[int, str]:
+) -> LoadResult:
     """Real requests at the plan's limits: one whose prompt plus output reach max_model_len,
-    then max_num_seqs at once (with the engine's ``api_key``, if it requires one). Returns
-    (requests that completed, error or "")."""
+    then max_num_seqs at once (with the engine's ``api_key``, if it requires one; timed: the
+    engine's output tokens/s)."""
     try:
         model = _model_name(port, api_key)
     except (urllib.error.URLError, OSError, KeyError, ValueError) as err:
-        return 0, f"/v1/models failed: {err}"
+        return LoadResult(requests_ok=0, error=f"/v1/models failed: {err}")
     length = settings.max_model_len or 2048
     out = min(OUTPUT_TOKENS, max(1, length // 2))
 
-    def complete(prompt_tokens: int) -> str:
+    def complete(prompt_tokens: int) -> tuple[str, int]:
         body = {"model": model, "prompt": [11] * prompt_tokens, "max_tokens": out,
                 "temperature": 0, "ignore_eos": True, "min_tokens": out}  # fmt: skip
         try:
             reply = _post(port, "/v1/completions", body, timeout, api_key)
         except urllib.error.HTTPError as err:
-            return f"HTTP {err.code}: {err.read()[:300].decode(errors='replace')}"
+            return f"HTTP {err.code}: {err.read()[:300].decode(errors='replace')}", 0
         except (urllib.error.URLError, OSError) as err:
-            return f"request failed: {err}"
+            return f"request failed: {err}", 0
         usage = reply.get("usage") or {}
-        if usage.get("completion_tokens", out) < 1:
-            return "no tokens generated"
-        return ""
+        tokens = int(usage.get("completion_tokens", out))
+        if tokens < 1:
+            return "no tokens generated", 0
+        return "", tokens
 
-    error = complete(length - out)
+    error, _ = complete(length - out)
     if error:
-        return 0, f"the request of {length:,} tokens failed: {error}"
+        return LoadResult(requests_ok=0, error=f"the request of {length:,} tokens failed: {error}")
     seqs = settings.max_num_seqs or 1
+    start = time.monotonic()
     with ThreadPoolExecutor(max_workers=min(seqs, 64)) as pool:
-        errors = [e for e in pool.map(lambda _: complete(16), range(seqs)) if e]
+        replies = list(pool.map(lambda _: complete(CONCURRENT_PROMPT_TOKENS), range(seqs)))
+    seconds = time.monotonic() - start
+    errors = [e for e, _ in replies if e]
     if errors:
-        return 1 + seqs - len(errors), f"{len(errors)} of {seqs} concurrent requests failed: " + (
-            errors[0]
+        return LoadResult(
+            requests_ok=1 + seqs - len(errors),
+            error=f"{len(errors)} of {seqs} concurrent requests failed: {errors[0]}",
         )
-    return 1 + seqs, ""
+    return LoadResult(
+        requests_ok=1 + seqs,
+        concurrency=min(seqs, 64),
+        output_tokens=sum(n for _, n in replies),
+        seconds=seconds,
+    )

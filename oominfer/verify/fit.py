@@ -16,17 +16,20 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from oominfer.base.errors import DoesNotFitError, ProbeFailedError
+from oominfer.base.errors import DoesNotFitError, OominferError, ProbeFailedError
 from oominfer.hardware.hardware import Hardware
 from oominfer.model.spec import ModelSpec
 from oominfer.planning.constraints import Constraints
 from oominfer.planning.document import Lever, Plan, Verification
 from oominfer.planning.planner import PlanResult, plan
 from oominfer.planning.record import make_plan, now
+from oominfer.runtime.load_test import CONCURRENT_PROMPT_TOKENS
 from oominfer.runtime.status import ProbeStatus
+from oominfer.speed import Measured, Workload, predict
 from oominfer.verify.cache import cache_key, cached_plan, store_plan
 from oominfer.verify.correct import correct
 from oominfer.verify.prober import Prober, ProbeResult
+from oominfer.verify.speed_store import remember
 
 MAX_LAUNCHES = 3
 
@@ -98,9 +101,13 @@ def fit(
         probes.append(outcome)
         if outcome.status is ProbeStatus.READY:
             verification = _verification(outcome, len(probes))
-            final = make_plan(spec, hardware, c, result,
-                              engine_version=outcome.engine_version or engine_version,
-                              verification=verification, extra_levers=tuple(extra))  # fmt: skip
+            version = outcome.engine_version or engine_version or ""
+            measured = _measured(spec, hardware, result, outcome, version)
+            if measured is not None:
+                remember(spec.model_id, hardware.gpu.name, measured)
+            final = make_plan(spec, hardware, c, result, engine_version=version or None,
+                              verification=verification, extra_levers=tuple(extra),
+                              measured=measured)  # fmt: skip
             store_plan(key, final)
             return FitResult(plan=final, planned=result, probes=tuple(probes))
         if not outcome.status.is_memory:
@@ -117,6 +124,34 @@ def fit(
         f"{len(probes)} launches did not find a configuration the engine accepts; the last "
         f"failed with {last.status.value}: {last.detail}",
         hint=f"Its log is {last.log_path}.",
+    )
+
+
+def _measured(
+    spec: ModelSpec, hardware: Hardware, result: PlanResult, outcome: ProbeResult, version: str
+) -> Measured | None:
+    """The load test's output tokens/s beside the speed model's prediction for exactly
+    those requests (their prompt and output lengths, as many at once)."""
+    load = outcome.load
+    if load is None or load.output_tokens_per_s is None or load.concurrency < 1:
+        return None
+    output_len = max(load.output_tokens // max(load.concurrency, 1), 1)
+    workload = Workload(
+        input_len=CONCURRENT_PROMPT_TOKENS, output_len=output_len, concurrency=load.concurrency
+    )
+    try:
+        perf = predict(spec, gpu=hardware.gpu, settings=outcome.settings,
+                       breakdown=result.breakdown, workload=workload)  # fmt: skip
+    except OominferError:
+        perf = None
+    return Measured(
+        output_tokens_per_s=round(load.output_tokens_per_s, 2),
+        predicted_output_tokens_per_s=round(perf.output_tokens_per_s, 2) if perf else None,
+        concurrency=load.concurrency,
+        input_len=CONCURRENT_PROMPT_TOKENS,
+        output_len=output_len,
+        engine_version=version,
+        measured_at=now(),
     )
 
 

@@ -23,7 +23,7 @@ from oominfer.rules.installed import engine_version
 from oominfer.runtime.amx import sigill_explanation
 from oominfer.runtime.classify import read_log
 from oominfer.runtime.environment import engine_env
-from oominfer.runtime.load_test import healthy, load_test
+from oominfer.runtime.load_test import LoadResult, healthy, load_test
 from oominfer.runtime.phases import status_of
 from oominfer.runtime.process import LiveEngine, free_port, group_rss_bytes, start_engine, stop
 from oominfer.runtime.status import LogFacts, ProbeStatus
@@ -43,6 +43,8 @@ class ProbeResult:
     peak_rss_bytes: int | None = None
     detail: str = ""
     engine_version: str = ""
+    load: LoadResult | None = None
+    """The load test's figures (the speed it served at), when the engine got that far."""
 
 
 class Prober(Protocol):
@@ -159,7 +161,8 @@ class EngineProber:
             if healthy(port):
                 if self.on_progress:
                     self.on_progress(elapsed, "loading at the plan's limits")
-                ok, error = load_test(port, settings, api_key=self.api_key)
+                load = load_test(port, settings, api_key=self.api_key)
+                ok, error = load.requests_ok, load.error
                 peak = max(peak, group_rss_bytes(proc.pid))
                 if error:  # a dying engine fails the requests first: let it finish dying
                     with contextlib.suppress(subprocess.TimeoutExpired):
@@ -167,7 +170,7 @@ class EngineProber:
                 facts = read_log(log_path.read_text(errors="replace"))
                 if error:
                     return result(*failure_of(facts, proc.poll(), error), facts, requests_ok=ok)
-                return result(ProbeStatus.READY, "", facts, requests_ok=ok)
+                return result(ProbeStatus.READY, "", facts, requests_ok=ok, load=load)
             if elapsed > self.deadline_seconds:
                 said = f"not ready after {self.deadline_seconds:.0f} s (last phase: {facts.phase})"
                 return result(ProbeStatus.TIMEOUT, said, facts)

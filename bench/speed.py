@@ -1,0 +1,330 @@
+"""Replay the published serving measurements of throughput_points.jsonl through the speed
+model: per point predicted vs measured output tokens/s, TPOT and TTFT, then the median and
+worst error of each.
+
+    python bench/speed.py [--points PATH] [--json]
+
+Each point's own facts go in (model, GPU, count, TP, weight format, lengths, concurrency or
+request rate); the speed model's one set of constants (oominfer/speed/roofline.py) does the
+rest. What a source did not state is filled from the tables below, the same for every point
+that shares the gap: the lengths of a named dataset, and a catalog model standing in for a
+checkpoint the catalog lacks (same architecture). A point whose model or GPU cannot be
+placed is listed as skipped, with why.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import re
+import statistics
+import sys
+from pathlib import Path
+from typing import Any, Final
+
+from oominfer.base.errors import OominferError
+from oominfer.hardware.gpu import GpuSpec, find_gpu
+from oominfer.hardware.hardware import Hardware
+from oominfer.memory.estimate import estimate
+from oominfer.model.catalog import catalog_entry
+from oominfer.model.load import load_spec
+from oominfer.model.spec import Checkpoint, QuantSpec
+from oominfer.rules.versions import CURRENT_VLLM
+from oominfer.settings import EngineSettings
+from oominfer.speed import Performance, Workload, predict
+from oominfer.speed.performance import predict_burst
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_POINTS = ROOT.parent / "shared" / "calibration" / "throughput_points.jsonl"
+
+# Mean prompt and output tokens of the datasets the sources name without stating lengths.
+# ShareGPT: benchmark_serving's sample of 1000 prompts holds 215,196 prompt tokens (t12's
+# own log) and about 200 output tokens a request (vLLM's published runs). Short chat regimes
+# and MT-Bench: about 200 prompt tokens, and the point's stated output cap or ~128/256.
+DATASET_LENGTHS: Final[dict[str, tuple[int, int]]] = {
+    "sharegpt": (215, 200),
+    "chatbot-short": (200, 128),
+    "synthetic chat": (200, 128),
+    "mt_bench": (100, 256),
+    "mt-bench": (100, 256),
+    "random": (1024, 128),
+}
+# A checkpoint the catalog lacks -> (a catalog model of the same architecture, the weight
+# format to load it in: the checkpoint's own).
+STAND_INS: Final[dict[str, tuple[str, str | None]]] = {
+    "Qwen/Qwen2.5-7B-Instruct-AWQ": ("Qwen/Qwen2.5-7B-Instruct", "awq"),
+    "neuralmagic/Llama-3.2-11B-Vision-Instruct-FP8-dynamic": (
+        "meta-llama/Llama-3.2-11B-Vision",
+        "fp8",
+    ),
+    "meta-llama/Meta-Llama-3-70B": ("meta-llama/Llama-3.1-70B", None),
+    "Llama-3.3-70B-Instruct (FP8": ("RedHatAI/Llama-3.3-70B-Instruct-FP8-dynamic", None),
+    "meta-llama/Llama-3.3-70B-Instruct (NIM": ("RedHatAI/Llama-3.3-70B-Instruct-FP8-dynamic", None),
+    "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-FP8": (
+        "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16",
+        "fp8",
+    ),
+    "mistralai/Mixtral-8x7B": ("mistralai/Mixtral-8x7B-v0.1", None),
+    "deepseek-ai/DeepSeek-R1-0528": ("deepseek-ai/DeepSeek-R1", None),
+}
+# vLLM's benchmark_serving sends every prompt at once when no rate is given; the scheduler
+# then runs max_num_seqs of them (the default: 256 on these GPUs).
+OFFLINE_PROMPTS: Final = 1000
+
+
+def _model(point: dict[str, Any]) -> tuple[str, str | None] | None:
+    text = point.get("model_id") or ""
+    for prefix, (stand_in, fmt) in STAND_INS.items():
+        if text.startswith(prefix):
+            return stand_in, fmt
+    for candidate in re.findall(r"[\w.-]+/[\w.-]+", text):
+        entry = catalog_entry(candidate)
+        if entry is not None:
+            return entry.model_id, None
+    return None
+
+
+def _gpu(text: str) -> GpuSpec | None:
+    """The GPU a source names: 'A100 80GB PCIe', 'H100 SXM 80GB (HBM3)', 'B200 (HGX)'."""
+    t = text.upper()
+    m = re.search(r"\b([ABHL]\d{1,3}S?G?|RTX \d{4})\b", t)
+    if m is None:
+        return None
+    name = m.group(1)
+    size = re.search(r"(\d{2,3})\s*GB", t)
+    form = "PCIE" if "PCIE" in t else "SXM"
+    for attempt in (
+        f"{name}-{form}-{size.group(1)}GB" if size else None,
+        f"{name}-{size.group(1)}GB" if size else None,
+        f"{name}-{form}-80GB" if name in ("A100", "H100") else None,
+        f"{name}-SXM-141GB" if name == "H200" else None,
+        name,
+    ):
+        if attempt is None:
+            continue
+        try:
+            return find_gpu(attempt)
+        except OominferError:
+            continue
+    return None
+
+
+def _int(value: Any) -> int | None:
+    m = re.search(r"\d+", str(value)) if value is not None else None
+    return int(m.group()) if m else None
+
+
+def _lengths(point: dict[str, Any]) -> tuple[int, int, str]:
+    """Prompt and output tokens: the point's own; else what its own figures imply (output
+    tokens/s over requests/s is the mean output; total minus output tokens/s over
+    requests/s the mean prompt); else its dataset's (said so)."""
+    stated_in, stated_out = _int(point.get("input_len")), _int(point.get("output_len"))
+    out_s, total_s, rps = (
+        point.get("output_tokens_per_s"), point.get("total_tokens_per_s"),
+        point.get("requests_per_s"),
+    )  # fmt: skip
+    if not (stated_in and stated_out) and out_s and rps:
+        implied_out = round(out_s / rps)
+        implied_in = round((total_s - out_s) / rps) if total_s else None
+        stated_out = stated_out or implied_out
+        stated_in = stated_in or implied_in
+        if stated_in and stated_out:
+            return stated_in, stated_out, "implied by its tokens/s and requests/s"
+    dataset = (point.get("dataset") or "").lower()
+    fill = next((v for k, v in DATASET_LENGTHS.items() if k in dataset), (200, 128))
+    if stated_out and not stated_in:
+        return fill[0], stated_out, f"output implied by tokens/s over requests/s, prompt {fill[0]}"
+    dataset = (point.get("dataset") or "").lower()
+    fill = next((v for k, v in DATASET_LENGTHS.items() if k in dataset), (200, 128))
+    how = "stated" if stated_in and stated_out else f"dataset default {fill}"
+    return stated_in or fill[0], stated_out or fill[1], how
+
+
+def _measured(point: dict[str, Any], output_len: int) -> dict[str, float | None]:
+    tok_s = point.get("output_tokens_per_s")
+    rps = point.get("requests_per_s")
+    if tok_s is None and rps is not None:
+        tok_s = rps * output_len
+    tpot_ms = point.get("tpot_ms_mean") or point.get("tpot_ms_median") or point.get("itl_ms_mean")
+    ttft_ms = point.get("ttft_ms_mean") or point.get("ttft_ms_median")
+    return {
+        "output_tokens_per_s": tok_s,
+        "tpot_s": tpot_ms / 1000 if tpot_ms else None,
+        "ttft_s": ttft_ms / 1000 if ttft_ms else None,
+    }
+
+
+def _rate(point: dict[str, Any]) -> float | None:
+    """Requests per second sent, math.inf for 'all at once', None for a fixed concurrency."""
+    raw = point.get("request_rate")
+    if point.get("concurrency"):
+        return None
+    if raw is None or str(raw).startswith(("inf", "offline")):
+        return math.inf
+    return float(raw)
+
+
+def at_rate(perf_at: Any, rate: float, cap: int) -> Performance | None:
+    """The steady state of an open loop at ``rate`` requests/s: the smallest concurrency
+    whose closed loop serves that many requests a second (Little's law), or the cap when
+    the rate is more than the plan serves (the queue then grows)."""
+    best = None
+    for c in range(1, cap + 1):
+        perf = perf_at(c)
+        if perf is None:
+            return best
+        best = perf
+        if perf.requests_per_s >= rate or perf.concurrency < c:
+            return perf
+    return best
+
+
+def replay(point: dict[str, Any]) -> dict[str, Any]:
+    """One point through the speed model: predicted and measured, or why it was skipped."""
+    # Secondary: another engine, or a run its source reports as an anomaly (said in notes).
+    flagged = "ANOMALY" in (point.get("notes") or "")
+    row: dict[str, Any] = {
+        "id": point["id"],
+        "secondary": "vLLM" not in point["engine"] or flagged,
+    }
+    model = _model(point)
+    gpu = _gpu(point.get("gpu") or "")
+    if model is None or gpu is None:
+        return {**row, "skip": "model not in the catalog" if model is None else "GPU unknown"}
+    spec = load_spec(model[0])
+    if model[1] in ("awq", "gptq") and spec.quantization is None:
+        # The 4-bit checkpoint of this architecture: group-wise int4 (AWQ/GPTQ defaults).
+        fmt = QuantSpec(method=model[1], bits=4, group_size=128)
+        spec = dataclasses.replace(spec, quantization=fmt, checkpoint=Checkpoint())
+    count = point.get("num_gpus") or 1
+    tp = point.get("tensor_parallel_size") or count
+    input_len, output_len, how = _lengths(point)
+    quant = model[1] if model[1] not in ("awq", "gptq") else None
+    if "--quantization awq" in (point.get("quantization") or ""):
+        quant = "awq"  # named on the command line: vLLM's older AWQ kernel, not Marlin
+    settings = EngineSettings(
+        tensor_parallel_size=tp,
+        quantization=quant,  # type: ignore[arg-type]
+        kv_cache_dtype="fp8" if (point.get("kv_cache_dtype") or "").startswith("fp8") else "auto",
+        max_model_len=min(max(4096, input_len + output_len), spec.max_position_embeddings),
+        max_num_seqs=point.get("max_num_seqs"),
+        enforce_eager="eager" in (point.get("quantization") or ""),
+    )
+    try:
+        b = estimate(
+            spec, hardware=Hardware(gpu=gpu, count=tp), settings=settings, version=CURRENT_VLLM
+        )
+    except OominferError as err:
+        return {**row, "skip": f"estimate refused: {err}"}
+
+    def perf_at(c: int) -> Performance | None:
+        w = Workload(input_len=input_len, output_len=output_len, concurrency=c)
+        return predict(spec, gpu=gpu, settings=settings, breakdown=b, workload=w)
+
+    rate = _rate(point)
+    if rate is None:
+        perf = perf_at(int(point["concurrency"]))
+    elif math.isinf(rate):
+        prompts = _int(point.get("num_prompts")) or OFFLINE_PROMPTS
+        perf = predict_burst(spec, gpu=gpu, settings=settings, breakdown=b, requests=prompts,
+                             input_len=input_len, output_len=output_len,
+                             spread=how != "stated")  # fmt: skip
+    else:
+        perf = at_rate(perf_at, rate, b.max_num_seqs)
+    if perf is None:
+        return {**row, "skip": "nothing to predict (does not fit or no GPU figures)"}
+    measured = _measured(point, output_len)
+    predicted = {
+        "output_tokens_per_s": perf.output_tokens_per_s,
+        "tpot_s": perf.tpot_s,
+        "ttft_s": perf.ttft_s,
+    }
+    if measured["tpot_s"] is None and perf.concurrency == 1 and measured["output_tokens_per_s"]:
+        # A single stream's tokens/s is 1 / (time per token, prefill spread over it).
+        measured["tpot_s"] = 1 / measured["output_tokens_per_s"]
+        predicted["tpot_s"] = output_len / (perf.ttft_s + (output_len - 1) * perf.tpot_s)
+        predicted["tpot_s"] = 1 / predicted["tpot_s"]
+    errors = {k: predicted[k] / v - 1 for k, v in measured.items() if v is not None and v > 0}
+    return {
+        **row,
+        "model": model[0] + (f" ({model[1]})" if model[1] else ""),
+        "gpu": f"{gpu.name} x{tp}",
+        "lengths": f"{input_len}/{output_len} ({how})",
+        "concurrency": perf.concurrency,
+        "bound": perf.bound,
+        "predicted": predicted,
+        "measured": measured,
+        "errors": errors,
+    }
+
+
+def summary(rows: list[dict[str, Any]], *, secondary: bool = False) -> dict[str, Any]:
+    """Median and worst |error| of each figure over the vLLM points (or all points)."""
+    out: dict[str, Any] = {}
+    for key in ("output_tokens_per_s", "tpot_s", "ttft_s"):
+        errs = [
+            r["errors"][key]
+            for r in rows
+            if "errors" in r and key in r["errors"] and (secondary or not r["secondary"])
+        ]
+        if not errs:
+            continue
+        # Worst as a factor: 0.5x and 2x are equally far off.
+        factors = [max(1 + e, 1 / (1 + e)) for e in errs]
+        out[key] = {
+            "points": len(errs),
+            "median_abs_error": statistics.median(abs(e) for e in errs),
+            "worst_factor": max(factors),
+        }
+    return out
+
+
+def load_points(path: Path) -> list[dict[str, Any]]:
+    """The points of a throughput_points.jsonl file."""
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _cell(value: float | None, scale: float = 1.0) -> str:
+    return "-" if value is None else f"{value * scale:,.1f}"
+
+
+def main() -> int:
+    """Print the table and the summary (or --json)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--points", type=Path, default=DEFAULT_POINTS)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    rows = [replay(p) for p in load_points(args.points)]
+    if args.json:
+        print(json.dumps({"rows": rows, "summary": summary(rows)}, indent=2))
+        return 0
+    print(f"{'id':4} {'tok/s pred/meas':>20} {'TPOT ms pred/meas':>20} {'TTFT ms pred/meas':>22}"
+          "  bound   conc  model, GPU, lengths")  # fmt: skip
+    for r in rows:
+        if "skip" in r:
+            print(f"{r['id']:4} skipped: {r['skip']}")
+            continue
+        p, m = r["predicted"], r["measured"]
+        cells = [
+            f"{_cell(p['output_tokens_per_s'])}/{_cell(m['output_tokens_per_s'])}",
+            f"{_cell(p['tpot_s'], 1000)}/{_cell(m['tpot_s'], 1000)}",
+            f"{_cell(p['ttft_s'], 1000)}/{_cell(m['ttft_s'], 1000)}",
+        ]
+        mark = " (secondary: not vLLM, or flagged an anomaly)" if r["secondary"] else ""
+        print(f"{r['id']:4} {cells[0]:>20} {cells[1]:>20} {cells[2]:>22}  {r['bound']:7} "
+              f"{r['concurrency']:5}  {r['model']}, {r['gpu']}, {r['lengths']}{mark}")  # fmt: skip
+    for label, s in (
+        ("vLLM points (not flagged)", summary(rows)),
+        ("all points", summary(rows, secondary=True)),
+    ):
+        print(f"\n{label}:")
+        for key, v in s.items():
+            print(f"  {key:20} {v['points']:3} points  median |error| "
+                  f"{v['median_abs_error']:.1%}  worst {v['worst_factor']:.2f}x")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

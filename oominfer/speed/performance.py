@@ -1,0 +1,325 @@
+"""Predicted serving speed of a plan or an estimate: TTFT, TPOT, tokens/s and requests/s.
+
+A closed loop of ``concurrency`` clients (vLLM's benchmark_serving --max-concurrency): the
+scheduler runs as many of them as ``max_num_seqs`` and the KV cache allow, each step decodes
+one token for every running request and computes prompt chunks of newly admitted ones
+beside them (chunked prefill, ``max_num_batched_tokens`` tokens per step at most); the rest
+wait. Step times come from ``oominfer.speed.roofline``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from oominfer.hardware.gpu import GpuSpec
+from oominfer.memory.breakdown import MemoryBreakdown
+from oominfer.memory.dtypes import dtype_bytes
+from oominfer.memory.weights import weight_format
+from oominfer.model.spec import ModelSpec
+from oominfer.settings import EngineSettings
+from oominfer.speed.roofline import (
+    ALL_REDUCE_LATENCY_S,
+    BANDWIDTH_EFFICIENCY,
+    COMPUTE_EFFICIENCY,
+    FOUR_BIT_BANDWIDTH_EFFICIENCY,
+    REQUEST_OVERHEAD_S,
+    Bound,
+    Chip,
+    Stage,
+    step_time,
+)
+from oominfer.speed.workload import Workload
+
+LimitedBy = Literal["max_num_seqs", "kv_cache"]
+
+# PCIe Gen4 x16, both directions: what a GPU with no interconnect figure is taken to have.
+DEFAULT_LINK_GBPS = 64.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Performance:
+    """How fast a plan serves a workload, all requests together. Times in seconds."""
+
+    ttft_s: float
+    """Time to first token, waiting for a batch slot included."""
+    tpot_s: float
+    """Time per output token after the first, per request."""
+    output_tokens_per_s: float
+    """Output tokens per second of all requests together."""
+    requests_per_s: float
+    concurrency: int
+    """Requests that run at once: the asked concurrency, capped by max_num_seqs and by the
+    requests of input_len + output_len tokens the KV cache holds."""
+    input_len: int
+    output_len: int
+    bound: Bound
+    """What bounds a decode step: HBM bandwidth ("memory") or FLOPs ("compute")."""
+    requested_concurrency: int
+    limited_by: LimitedBy | None = None
+    """What capped the concurrency below the one asked, if anything."""
+
+
+def _compute_flops(gpu: GpuSpec, method: str | None) -> float | None:
+    """Peak FLOPs/s of the GEMMs in the weights' format on this GPU (dense tensor cores).
+
+    FP8 checkpoints run W8A8 FP8 GEMMs where the GPU has FP8 units, else vLLM's Marlin
+    W8A16 kernel (16-bit math); int8 W8A8 runs on INT8 tensor cores; 4-bit formats
+    dequantize to 16-bit.
+    """
+    peak = gpu.tflops_16bit
+    if method in ("fp8", "fp8_per_tensor", "modelopt", "compressed-tensors") and gpu.tflops_fp8:
+        peak = gpu.tflops_fp8
+    elif method == "int8" and gpu.tops_int8:
+        peak = gpu.tops_int8
+    return peak * 1e12 if peak else None
+
+
+def chip(gpu: GpuSpec, settings: EngineSettings, spec: ModelSpec) -> Chip | None:
+    """The roofline's view of one GPU of the plan; None where the catalog lacks its
+    bandwidth or FLOPs (a GPU given only by its memory)."""
+    method = settings.quantization or (spec.quantization.method if spec.quantization else None)
+    fmt = weight_format(spec, settings.quantization)
+    flops = _compute_flops(gpu, fmt.method if fmt else None)
+    if not gpu.memory_bandwidth_gbps or flops is None:
+        return None
+    efficiency = BANDWIDTH_EFFICIENCY
+    if fmt is not None and fmt.bits <= 4 and fmt.method in ("awq", "gptq"):
+        kernel = "plain" if method in ("awq", "gptq") and settings.quantization else "marlin"
+        efficiency = FOUR_BIT_BANDWIDTH_EFFICIENCY[kernel]
+    link = (gpu.interconnect_gbps or DEFAULT_LINK_GBPS) / 2 * 1e9
+    return Chip(
+        bandwidth=gpu.memory_bandwidth_gbps * 1e9 * efficiency,
+        flops=flops * COMPUTE_EFFICIENCY,
+        link=link,
+        all_reduce_latency_s=ALL_REDUCE_LATENCY_S[gpu.interconnect],
+        eager=settings.enforce_eager,
+    )
+
+
+def stage(spec: ModelSpec, settings: EngineSettings, b: MemoryBreakdown) -> Stage:
+    """The share of the model one GPU holds, from the estimate of that GPU."""
+    tp, pp = settings.tensor_parallel_size, settings.pipeline_parallel_size
+    p = spec.params
+    fmt = weight_format(spec, settings.quantization)
+    elem = dtype_bytes(b.dtype)
+    quant = fmt.bytes_per_param if fmt else elem
+    experts = sum(p.layer_experts)
+    linear = sum(p.layer_linear)
+    # Byte shares of the parts by role, as the estimator counts them (weights.py).
+    expert_b = experts * quant
+    linear_b = linear * (elem if fmt is None or fmt.experts_only else quant)
+    rest_b = (p.total - experts - linear) * elem
+    total_b = expert_b + linear_b + rest_b or 1.0
+    # A step reads one embedding row per token, not the table (unless it is the LM head).
+    unread_b = 0 if spec.tie_word_embeddings else p.embedding * elem
+    expert_bytes = b.weights_bytes * expert_b / total_b
+    dense_bytes = b.weights_bytes * (total_b - expert_b - unread_b) / total_b
+    share = spec.num_experts_per_tok / spec.num_experts if spec.num_experts else 0.0
+    active = p.total - experts * (1 - share) - (0 if spec.tie_word_embeddings else p.embedding)
+    moe_layers = sum(1 for n in p.layer_experts if n)
+    return Stage(
+        dense_bytes=dense_bytes,
+        expert_bytes=expert_bytes,
+        experts_per_token_share=share,
+        flops_per_token=2 * active / (tp * pp),
+        # QK^T and AV: 2 FLOPs each per head dimension, per attended token.
+        attention_flops_per_context_token=4
+        * spec.num_attention_heads
+        * spec.head_dim
+        * spec.attention_layers
+        / (tp * pp),
+        kv_bytes_per_token=b.kv_bytes_per_token,
+        state_bytes_per_seq=b.state_bytes_per_seq,
+        layers=math.ceil(spec.num_layers / pp),
+        moe_layers=math.ceil(moe_layers / pp),
+        tp=tp,
+        all_reduce_bytes_per_token=spec.hidden_size * 2,
+    )
+
+
+def _within(workload: Workload, max_len: int) -> Workload:
+    """The workload cut to the context: vLLM refuses longer requests, so a prompt longer
+    than max_model_len - output_len is taken as that long (output kept when it can be)."""
+    if workload.total_len <= max_len:
+        return workload
+    output = min(workload.output_len, max(max_len // 2, 1))
+    return Workload(
+        input_len=max(max_len - output, 1), output_len=output, concurrency=workload.concurrency
+    )
+
+
+def predict(
+    spec: ModelSpec,
+    *,
+    gpu: GpuSpec,
+    settings: EngineSettings,
+    breakdown: MemoryBreakdown,
+    workload: Workload,
+) -> Performance | None:
+    """Predicted speed of ``workload`` on one replica of the plan.
+
+    Returns None where there is nothing to predict from: a GPU without catalog figures,
+    the transformers engine (no continuous batching to model), or a KV cache that holds no
+    request of the workload's length.
+    """
+    if breakdown.engine != "vllm" or not breakdown.fits:
+        return None
+    c = chip(gpu, settings, spec)
+    if c is None:
+        return None
+    w = _within(workload, breakdown.max_model_len)
+    s = stage(spec, settings, breakdown)
+    pp = settings.pipeline_parallel_size
+    room = breakdown.running_at(w.total_len)
+    running = min(w.concurrency, room)
+    if running < 1:
+        return None
+    limited: LimitedBy | None = None
+    if running < w.concurrency:
+        limited = "max_num_seqs" if room >= breakdown.max_num_seqs else "kv_cache"
+    # Decode: every running request's next token; the other requests' prompts are computed
+    # in the same steps, (running - 1) x input_len tokens over output_len steps on average.
+    context = w.input_len + w.output_len / 2
+    decode = step_time(
+        s,
+        c,
+        decodes=running,
+        context=context,
+        prefill_tokens=(running - 1) * w.input_len / w.output_len,
+        prefill_context=w.input_len / 2,
+    )
+    tpot = decode.seconds * pp
+    ttft = (
+        REQUEST_OVERHEAD_S
+        + _prefill_seconds(s, c, w, running, breakdown.max_num_batched_tokens) * pp
+    )
+    if running > 1:  # a new request waits, on average, for half the step in flight
+        ttft += tpot / 2
+    cycle = ttft + (w.output_len - 1) * tpot
+    rps = running / cycle
+    if w.concurrency > running:  # the others wait for a slot: closed loop, Little's law
+        ttft += (w.concurrency - running) / rps
+    return Performance(
+        ttft_s=ttft,
+        tpot_s=tpot,
+        output_tokens_per_s=rps * w.output_len,
+        requests_per_s=rps,
+        concurrency=running,
+        input_len=w.input_len,
+        output_len=w.output_len,
+        bound=decode.bound,
+        requested_concurrency=w.concurrency,
+        limited_by=limited,
+    )
+
+
+def _prefill_seconds(s: Stage, c: Chip, w: Workload, running: int, chunk: int) -> float:
+    """Steps that compute one prompt in chunks of what max_num_batched_tokens leaves
+    beside the other running requests' decodes."""
+    others = running - 1
+    room = max(chunk - others, 1)
+    seconds, done = 0.0, 0
+    while done < w.input_len:
+        n = min(room, w.input_len - done)
+        step = step_time(
+            s,
+            c,
+            decodes=others,
+            context=w.input_len + w.output_len / 2,
+            prefill_tokens=n,
+            prefill_context=done + n / 2,
+        )
+        seconds += step.seconds
+        done += n
+    return seconds
+
+
+def predict_burst(
+    spec: ModelSpec,
+    *,
+    gpu: GpuSpec,
+    settings: EngineSettings,
+    breakdown: MemoryBreakdown,
+    requests: int,
+    input_len: int,
+    output_len: int,
+    spread: bool,
+) -> Performance | None:
+    """Predicted speed of ``requests`` requests sent all at once and run to the end (vLLM's
+    benchmark_throughput, or benchmark_serving at request rate inf): what a batch job sees.
+
+    Unlike the steady closed loop of ``predict``, the run has a start and an end: every
+    prompt is prefilled (compute-bound), the scheduler keeps as many requests running as fit
+    while any wait, and then the last ones drain at an ever smaller batch. With ``spread``
+    the output lengths vary around ``output_len`` (real chat data such as ShareGPT: taken
+    as exponential, so the drain lasts about ln(running) mean lengths); without it every
+    request generates exactly ``output_len`` tokens.
+    """
+    if breakdown.engine != "vllm" or not breakdown.fits:
+        return None
+    c = chip(gpu, settings, spec)
+    if c is None:
+        return None
+    w = _within(
+        Workload(input_len=input_len, output_len=output_len, concurrency=requests),
+        breakdown.max_model_len,
+    )
+    s = stage(spec, settings, breakdown)
+    pp = settings.pipeline_parallel_size
+    running = min(requests, breakdown.running_at(w.total_len))
+    if running < 1:
+        return None
+    context = w.input_len + w.output_len / 2
+    chunk = breakdown.max_num_batched_tokens
+    prefill_steps = math.ceil(requests * w.input_len / chunk)
+    prefill = (
+        prefill_steps
+        * step_time(
+            s, c, decodes=0, context=0, prefill_tokens=chunk, prefill_context=w.input_len / 2
+        ).seconds
+    )
+
+    def step(batch: float) -> float:
+        return step_time(s, c, decodes=batch, context=context).seconds
+
+    full = step(running)
+    tokens = requests * w.output_len
+    if spread:
+        # While requests wait, every finished one is replaced: the batch stays full. The last
+        # `running` requests then drain; with exponential lengths (memoryless) those alive
+        # t steps later number running * exp(-t / output_len).
+        steady_tokens = max(requests - running, 0) * w.output_len
+        drain_time, drain_weighted, t = 0.0, 0.0, 0.0
+        dt = max(w.output_len / 50, 1.0)
+        while (alive := running * math.exp(-t / w.output_len)) >= 1:
+            drain_time += dt * step(alive)
+            drain_weighted += dt * step(alive) * alive
+            t += dt
+    else:
+        steady_tokens = tokens - running * w.output_len
+        drain_time = w.output_len * full
+        drain_weighted = drain_time * running
+    steady_time = steady_tokens / running * full
+    decode = (steady_time + drain_time) * pp
+    total = prefill * pp + decode
+    tpot = (steady_time * running + drain_weighted) / max(steady_tokens + running * w.output_len, 1)
+    # A request waits for the prompts ahead of it and, when not in the first batch, for
+    # a slot: on average half of each.
+    waiting = max(requests - running, 0) / requests
+    ttft = REQUEST_OVERHEAD_S + prefill * pp / 2 + waiting * steady_time * pp / 2
+    return Performance(
+        ttft_s=ttft,
+        tpot_s=tpot * pp,
+        output_tokens_per_s=tokens / total,
+        requests_per_s=requests / total,
+        concurrency=running,
+        input_len=w.input_len,
+        output_len=w.output_len,
+        bound=step_time(s, c, decodes=running, context=context).bound,
+        requested_concurrency=requests,
+        limited_by=None
+        if running >= requests
+        else ("max_num_seqs" if running >= breakdown.max_num_seqs else "kv_cache"),
+    )

@@ -1,0 +1,164 @@
+"""The roofline of one engine step on one GPU: bytes over bandwidth, FLOPs over peak, the
+tensor-parallel all-reduces over the interconnect, and a per-step floor. Times in seconds.
+
+vLLM runs every running request's next token, and any prompt chunk scheduled beside them, in
+one forward pass (a "step"). A step reads each weight once (for MoE, the experts its tokens
+were routed to) and every running request's KV cache, and computes 2 FLOPs per active
+parameter per token. Whichever of memory and compute takes longer bounds the step; the
+all-reduces and the launch floor add to it.
+
+The efficiency constants are fitted on shared/calibration/throughput_points.jsonl
+(``python bench/speed.py`` prints the fit and the error on every point).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final, Literal
+
+Bound = Literal["memory", "compute"]
+
+# Fitted on the 21 vLLM points of throughput_points.jsonl that bench/speed.py can place
+# (dense and MoE, L4 to B200, TP 1-8, bf16/fp8/AWQ; steady closed loops through
+# ``predict``, bursts of all prompts at once through ``predict_burst``): a grid over
+# BANDWIDTH_EFFICIENCY, COMPUTE_EFFICIENCY, GEMM_HALF_TOKENS, LAYER_FLOOR_S,
+# SEQUENCE_STEP_S and MOE_LAYER_FLOOR_S, minimising the median errors of output tokens/s
+# and TPOT, their worst factors and a tenth of TTFT's median error. The all-reduce
+# latencies and the 4-bit and eager factors are set by hand from their points (t07, t10,
+# t18); the step floor and the request overhead from the single-stream points (t01, t03).
+BANDWIDTH_EFFICIENCY: Final = 0.70
+"""Decode reads weights and KV cache at this share of the HBM bandwidth (single-stream
+dense points sit at 1.15-1.6x the pure bandwidth bound, floor included)."""
+COMPUTE_EFFICIENCY: Final = 0.40
+"""GEMMs of a step reach this share of the dense tensor-core peak."""
+GEMM_HALF_TOKENS: Final = 64
+"""Tokens in a step at which its GEMMs reach half of COMPUTE_EFFICIENCY x the peak."""
+STEP_FLOOR_S: Final = 0.35e-3
+"""A step's fixed cost with CUDA graphs: scheduling, sampling, detokenizing."""
+LAYER_FLOOR_S: Final = 24e-6
+"""Per decoder layer and step: the kernels a layer launches cost this even when they move
+few bytes (norms, rotary, attention metadata)."""
+SEQUENCE_STEP_S: Final = 20e-6
+"""Per running request and step: the scheduler, sampler and detokenizer touch each request
+(CPU work that grows with the batch, not hidden by CUDA graphs)."""
+MOE_LAYER_FLOOR_S: Final = 10e-6
+"""Per MoE layer and step on top: routing, token permutation and the grouped GEMM."""
+EAGER_LAYER_S: Final = 60e-6
+"""Per layer and step without CUDA graphs (enforce_eager): Python launches every kernel."""
+REQUEST_OVERHEAD_S: Final = 8e-3
+"""Per request before its first step: HTTP, tokenizing, admission (TTFT's floor)."""
+ALL_REDUCE_LATENCY_S: Final[dict[str, float]] = {"nvlink": 8e-6, "pcie": 30e-6}
+"""One all-reduce's latency, whatever its size (two per layer with tensor parallelism)."""
+FOUR_BIT_BANDWIDTH_EFFICIENCY: Final[dict[str, float]] = {"marlin": 0.55, "plain": 0.45}
+"""4-bit weight kernels dequantize on the fly and read at a lower share of the bandwidth:
+Marlin (awq_marlin/gptq_marlin, what vLLM picks for AWQ/GPTQ checkpoints on compute
+capability 8.0+), and the older kernels that ``--quantization awq`` forces."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Chip:
+    """What the roofline reads of one GPU of the plan (catalog figures, derated)."""
+
+    bandwidth: float
+    """Bytes per second the weights and KV cache are read at."""
+    flops: float
+    """FLOPs per second the GEMMs reach at the weights' compute dtype."""
+    link: float
+    """Bytes per second one GPU sends to its tensor-parallel peers."""
+    all_reduce_latency_s: float
+    eager: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Stage:
+    """The share of the model one GPU holds (1/tp of each layer, 1/pp of the layers)."""
+
+    dense_bytes: float
+    """Weight bytes read by every step: everything but the routed experts."""
+    expert_bytes: float
+    """Weight bytes of the routed experts."""
+    experts_per_token_share: float
+    """k/E: the share of a layer's experts one token is routed to (0: dense)."""
+    flops_per_token: float
+    """2 x active parameters on this GPU."""
+    attention_flops_per_context_token: float
+    """Attention FLOPs per new token per token of context it attends to (QK^T and AV)."""
+    kv_bytes_per_token: float
+    state_bytes_per_seq: float
+    layers: int
+    moe_layers: int
+    tp: int
+    all_reduce_bytes_per_token: float
+    """Bytes one token's activations take in one all-reduce (hidden x dtype)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepTime:
+    """One step's time and what bounds it."""
+
+    seconds: float
+    bound: Bound
+
+
+def touched_expert_share(share: float, tokens: float) -> float:
+    """Share of a layer's experts that ``tokens`` tokens routed to top-k of E touch.
+
+    Each token picks k of E experts; an expert is missed by all of them with probability
+    (1 - k/E)^tokens (routing taken as independent and uniform).
+    """
+    if share <= 0 or tokens <= 0:
+        return 0.0
+    missed: float = (1.0 - min(share, 1.0)) ** tokens
+    return 1.0 - missed
+
+
+def step_time(
+    stage: Stage,
+    chip: Chip,
+    *,
+    decodes: float,
+    context: float,
+    prefill_tokens: float = 0.0,
+    prefill_context: float = 0.0,
+) -> StepTime:
+    """Time of one step on one GPU.
+
+    Args:
+        stage: the model's share on this GPU.
+        chip: the GPU.
+        decodes: requests generating a token in this step.
+        context: mean tokens of context of those requests (their KV cache read).
+        prefill_tokens: prompt tokens computed in the same step (chunked prefill).
+        prefill_context: mean context those prompt tokens attend to.
+    """
+    tokens = decodes + prefill_tokens
+    touched = touched_expert_share(stage.experts_per_token_share, tokens)
+    read = (
+        stage.dense_bytes
+        + stage.expert_bytes * touched
+        + decodes * (context * stage.kv_bytes_per_token + stage.state_bytes_per_seq)
+    )
+    memory = read / chip.bandwidth
+    attention = stage.attention_flops_per_context_token * (
+        decodes * context + prefill_tokens * prefill_context
+    )
+    # GEMMs over few tokens do not fill the tensor cores: the share of the peak reached
+    # grows with the tokens of the step, half of it at GEMM_HALF_TOKENS.
+    fill = tokens / (tokens + GEMM_HALF_TOKENS) if tokens > 0 else 1.0
+    compute = (tokens * stage.flops_per_token + attention) / (chip.flops * fill)
+    floor = (
+        STEP_FLOOR_S
+        + SEQUENCE_STEP_S * decodes
+        + LAYER_FLOOR_S * stage.layers
+        + MOE_LAYER_FLOOR_S * stage.moe_layers
+        + (EAGER_LAYER_S * stage.layers if chip.eager else 0.0)
+    )
+    comm = 0.0
+    if stage.tp > 1:
+        # Two all-reduces per layer (after attention, after the MLP); a ring moves
+        # 2(tp-1)/tp of the buffer through each GPU's link.
+        ring = 2 * (stage.tp - 1) / stage.tp
+        size = tokens * stage.all_reduce_bytes_per_token * ring
+        comm = 2 * stage.layers * (chip.all_reduce_latency_s + size / chip.link)
+    bound: Bound = "memory" if memory >= compute else "compute"
+    return StepTime(seconds=floor + comm + max(memory, compute), bound=bound)

@@ -1,0 +1,156 @@
+"""The speed model: its roofline pieces, the concurrency vLLM's scheduler allows, and the
+published serving measurements of throughput_points.jsonl (copied into
+tests/data/calibration/ from ../shared/calibration/).
+
+Each published point is pinned to today's predicted/measured ratio with a stated drift
+tolerance: a change to the speed model that moves a point more than DRIFT away from where it
+stands fails that point's test, and the medians may not get worse than the target.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _pure_fixtures import offline_hub  # noqa: F401 - autouse fixture
+from _scripts import load_script
+
+from oominfer.hardware.hardware import Hardware
+from oominfer.memory.estimate import estimate
+from oominfer.model.load import load_spec
+from oominfer.rules.versions import CURRENT_VLLM
+from oominfer.settings import EngineSettings
+from oominfer.speed import Workload, predict
+from oominfer.speed.roofline import touched_expert_share
+
+REPO = Path(__file__).resolve().parents[1]
+POINTS = REPO / "tests" / "data" / "calibration" / "throughput_points.jsonl"
+SHARED = REPO.parent / "shared" / "calibration" / "throughput_points.jsonl"
+
+DRIFT = 0.15
+"""How far (as a factor, either way) a point's predicted/measured ratio may move from
+today's before its test fails."""
+# predicted / measured per point today (bench/speed.py): output tokens/s and TPOT.
+TODAY: dict[str, dict[str, float]] = {
+    "t01": {"output_tokens_per_s": 1.071, "tpot_s": 1.166},
+    "t02": {"output_tokens_per_s": 1.410, "tpot_s": 0.738},
+    "t03": {"output_tokens_per_s": 0.992, "tpot_s": 1.008},
+    "t04": {"output_tokens_per_s": 0.831, "tpot_s": 1.204},
+    "t07": {"output_tokens_per_s": 0.633, "tpot_s": 1.574},
+    "t08": {"output_tokens_per_s": 0.828, "tpot_s": 1.161},
+    "t09": {"output_tokens_per_s": 1.185, "tpot_s": 0.844},
+    "t10": {"output_tokens_per_s": 1.103, "tpot_s": 0.907},
+    "t11": {"output_tokens_per_s": 3.183, "tpot_s": 1.426},
+    "t12": {"output_tokens_per_s": 1.904},
+    "t15": {"output_tokens_per_s": 0.945},
+    "t16": {"output_tokens_per_s": 0.917},
+    "t17": {"output_tokens_per_s": 1.457},
+    "t18": {"output_tokens_per_s": 1.140, "tpot_s": 0.776},
+    "t19": {"output_tokens_per_s": 1.609, "tpot_s": 1.145},
+    "t20": {"output_tokens_per_s": 1.116},
+    "t21": {"output_tokens_per_s": 1.327, "tpot_s": 0.395},
+    "t22": {"output_tokens_per_s": 0.970, "tpot_s": 1.022},
+    "t23": {"output_tokens_per_s": 2.870, "tpot_s": 0.348},
+    "t31": {"output_tokens_per_s": 1.150, "tpot_s": 0.556},
+    "t32": {"output_tokens_per_s": 1.191, "tpot_s": 1.033},
+    "t33": {"output_tokens_per_s": 1.277, "tpot_s": 1.092},
+    "t35": {"tpot_s": 1.074},
+}
+
+
+@pytest.fixture(scope="module")
+def replayed() -> dict[str, dict[str, Any]]:
+    bench = load_script("bench/speed.py")
+    return {r["id"]: r for r in (bench.replay(p) for p in bench.load_points(POINTS))}
+
+
+@pytest.mark.parametrize("point", sorted(TODAY))
+def test_each_published_point_stays_where_it_is(
+    replayed: dict[str, dict[str, Any]], point: str
+) -> None:
+    row = replayed[point]
+    assert "errors" in row, row.get("skip")
+    for key, ratio in TODAY[point].items():
+        now = 1 + row["errors"][key]
+        assert abs(math.log(now / ratio)) <= math.log(1 + DRIFT), (key, now, ratio)
+
+
+def test_the_medians_meet_the_target(replayed: dict[str, dict[str, Any]]) -> None:
+    bench = load_script("bench/speed.py")
+    s = bench.summary(list(replayed.values()))
+    # The issue's target: within 25% median; today 17.9% and 16.6% (vLLM points that their
+    # source does not flag as anomalous).
+    assert s["output_tokens_per_s"]["median_abs_error"] <= 0.25
+    assert s["tpot_s"]["median_abs_error"] <= 0.25
+
+
+@pytest.mark.skipif(not SHARED.is_file(), reason="no ../shared/calibration beside the checkout")
+def test_the_copy_matches_the_shared_points() -> None:
+    assert POINTS.read_bytes() == SHARED.read_bytes(), f"copy {SHARED} to {POINTS}"
+
+
+def test_touched_experts() -> None:
+    # Mixtral, top-2 of 8: one token touches 2/8; eight touch 1 - (6/8)^8 = 0.8999.
+    assert touched_expert_share(2 / 8, 1) == pytest.approx(0.25)
+    assert touched_expert_share(2 / 8, 8) == pytest.approx(1 - 0.75**8)
+    assert touched_expert_share(0.0, 64) == 0.0
+
+
+def _predict(settings: EngineSettings, workload: Workload, gpu: str = "H100") -> Any:
+    spec = load_spec("meta-llama/Llama-3.1-8B-Instruct")
+    hw = Hardware.from_gpu(gpu)
+    b = estimate(spec, hardware=hw, settings=settings, version=CURRENT_VLLM)
+    return predict(spec, gpu=hw.gpu, settings=settings, breakdown=b, workload=workload)
+
+
+def test_concurrency_is_capped_by_max_num_seqs() -> None:
+    s = EngineSettings(max_model_len=8192, max_num_seqs=8)
+    perf = _predict(s, Workload(input_len=1000, output_len=200, concurrency=32))
+    assert (perf.concurrency, perf.limited_by, perf.requested_concurrency) == (
+        8,
+        "max_num_seqs",
+        32,
+    )
+    alone = _predict(s, Workload(input_len=1000, output_len=200, concurrency=8))
+    # The 24 waiting requests add their queueing to the time to first token.
+    assert perf.ttft_s > alone.ttft_s + 1.0
+    assert perf.output_tokens_per_s == pytest.approx(alone.output_tokens_per_s)
+
+
+def test_concurrency_is_capped_by_the_kv_cache() -> None:
+    # An L4 holds ~ 4 GiB of KV for Llama-3.1-8B: 128 KiB a token, ~ 30k tokens, so about
+    # 3 requests of 8,192 tokens.
+    s = EngineSettings(max_model_len=8192)
+    perf = _predict(s, Workload(input_len=7000, output_len=1000, concurrency=64), gpu="L4")
+    assert perf.limited_by == "kv_cache"
+    assert 1 <= perf.concurrency < 8
+
+
+def test_more_requests_more_tokens_per_second_slower_each() -> None:
+    s = EngineSettings(max_model_len=8192)
+    one = _predict(s, Workload(input_len=500, output_len=500, concurrency=1))
+    many = _predict(s, Workload(input_len=500, output_len=500, concurrency=32))
+    assert one.bound == "memory"
+    assert many.output_tokens_per_s > 5 * one.output_tokens_per_s
+    assert many.tpot_s > one.tpot_s
+    assert one.requests_per_s == pytest.approx(one.output_tokens_per_s / 500)
+
+
+def test_a_burst_with_varied_lengths_drains_slower_than_fixed_lengths() -> None:
+    from oominfer.speed.performance import predict_burst
+
+    spec = load_spec("meta-llama/Llama-3.1-8B-Instruct")
+    hw = Hardware.from_gpu("H100")
+    s = EngineSettings(max_model_len=4096)
+    b = estimate(spec, hardware=hw, settings=s, version=CURRENT_VLLM)
+    kw: dict[str, Any] = {"gpu": hw.gpu, "settings": s, "breakdown": b, "requests": 3000,
+                          "input_len": 200, "output_len": 200}  # fmt: skip
+    fixed = predict_burst(spec, spread=False, **kw)
+    varied = predict_burst(spec, spread=True, **kw)
+    assert fixed is not None and varied is not None
+    assert fixed.concurrency == varied.concurrency == b.max_num_seqs
+    # The last requests finish at an ever smaller batch: fewer tokens per second overall.
+    assert varied.output_tokens_per_s < fixed.output_tokens_per_s
+    assert varied.requests_per_s == pytest.approx(varied.output_tokens_per_s / 200)

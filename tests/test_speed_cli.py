@@ -1,0 +1,113 @@
+"""The predicted speed on the command line: estimate's and fit's --json ``performance``,
+the report, --prefer throughput, and the latency requirements --max-tpot/--max-ttft."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from _pure_fixtures import offline_hub  # noqa: F401 - autouse fixture
+from click.testing import CliRunner, Result
+
+from oominfer.cli import main
+from oominfer.planning.document import plan_from_dict
+
+KEYS = {
+    "ttft_s", "tpot_s", "output_tokens_per_s", "requests_per_s", "concurrency", "input_len",
+    "output_len", "bound",
+}  # fmt: skip
+LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
+
+
+def invoke(*args: str) -> Result:
+    return CliRunner().invoke(main, list(args))
+
+
+def _json(result: Result) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(result.stdout)
+    return data
+
+
+def test_estimate_json_carries_the_performance() -> None:
+    lengths = ["--input-len", "1000", "--output-len", "200", "--concurrency", "32"]
+    r = invoke("estimate", LLAMA, "--gpu", "H100", "--max-model-len", "8192", *lengths, "--json")
+    assert r.exit_code == 0, r.output
+    perf = _json(r)["performance"]
+    assert set(perf) >= KEYS
+    assert (perf["input_len"], perf["output_len"], perf["concurrency"]) == (1000, 200, 32)
+    assert perf["bound"] in ("memory", "compute")
+    # All requests together: 32 streams of one token per TPOT, less the prefill time.
+    assert perf["output_tokens_per_s"] < 32 / perf["tpot_s"]
+    assert perf["output_tokens_per_s"] > 0.5 * 32 / perf["tpot_s"]
+
+
+def test_estimate_caps_the_concurrency_at_max_num_seqs() -> None:
+    r = invoke("estimate", LLAMA, "--gpu", "H100", "--max-model-len", "8192",
+               "--max-num-seqs", "4", "--concurrency", "32", "--json")  # fmt: skip
+    assert r.exit_code == 0, r.output
+    perf = _json(r)["performance"]
+    assert (perf["concurrency"], perf["limited_by"]) == (4, "max_num_seqs")
+
+
+def test_estimate_report_shows_the_speed() -> None:
+    r = invoke("estimate", LLAMA, "--gpu", "H100", "--max-model-len", "8192")
+    assert r.exit_code == 0, r.output
+    assert "output tok/s" in r.stdout and "TPOT" in r.stdout and "TTFT" in r.stdout
+
+
+def test_fit_json_has_performance_for_the_plan_and_each_alternative() -> None:
+    r = invoke("fit", LLAMA, "--gpu", "L4", "--no-verify", "--json")
+    assert r.exit_code == 0, r.output
+    doc = _json(r)
+    assert set(doc["performance"]) >= KEYS
+    assert doc["alternatives"]
+    for alt in doc["alternatives"]:
+        assert set(alt["performance"]) >= KEYS, alt["name"]
+    # --typical-length is --input-len + --output-len (defaults 3,072 + 1,024).
+    assert doc["constraints"]["typical_length"] == 4096
+    assert (doc["performance"]["input_len"], doc["performance"]["output_len"]) == (3072, 1024)
+    assert plan_from_dict(doc).performance is not None
+
+
+def test_a_plan_without_performance_still_loads() -> None:
+    r = invoke("fit", LLAMA, "--gpu", "L4", "--no-verify", "--json")
+    doc = _json(r)
+    del doc["performance"]
+    for alt in doc["alternatives"]:
+        del alt["performance"]
+    assert plan_from_dict(doc).performance is None
+
+
+def test_typical_length_and_input_output_lengths_must_agree() -> None:
+    r = invoke("fit", LLAMA, "--gpu", "L4", "--no-verify", "--typical-length", "2048",
+               "--input-len", "1000", "--output-len", "500")  # fmt: skip
+    assert r.exit_code == 2, r.output
+    assert "--typical-length 2048" in r.stderr
+    ok = invoke("fit", LLAMA, "--gpu", "L4", "--no-verify", "--json", "--typical-length", "2048")
+    perf = _json(ok)["performance"]
+    assert perf["input_len"] + perf["output_len"] == 2048
+
+
+def test_prefer_throughput_picks_the_most_predicted_tokens_per_second() -> None:
+    r = invoke("fit", "meta-llama/Llama-3.1-70B-Instruct", "--gpu", "H100", "--gpus", "4",
+               "--no-verify", "--prefer", "throughput", "--json")  # fmt: skip
+    assert r.exit_code == 0, r.output
+    doc = _json(r)
+    mine = doc["performance"]["output_tokens_per_s"]
+    assert all(mine >= a["performance"]["output_tokens_per_s"] for a in doc["alternatives"])
+
+
+def test_max_tpot_picks_the_fastest_plan_that_meets_it() -> None:
+    args = ["fit", LLAMA, "--gpu", "H100", "--gpus", "2", "--no-verify", "--json"]
+    free = _json(invoke(*args))["performance"]
+    # A TPOT requirement between the single-GPU plan's and the least a plan reaches.
+    r = invoke(*args, "--max-tpot", f"{free['tpot_s'] * 0.9:.4f}", "--concurrency", "8")
+    assert r.exit_code == 0, r.output
+    perf = _json(r)["performance"]
+    assert perf["tpot_s"] <= free["tpot_s"] * 0.9
+
+
+def test_an_impossible_latency_exits_3_naming_the_closest() -> None:
+    r = invoke("fit", LLAMA, "--gpu", "L4", "--no-verify", "--max-tpot", "0.0005")
+    assert r.exit_code == 3, r.output
+    assert "--max-tpot 0.0005" in r.stderr and "closest" in r.stderr and "TPOT" in r.stderr
