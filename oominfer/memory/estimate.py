@@ -15,11 +15,22 @@ shared/calibration (``bench/calibration.py`` prints the fit).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from oominfer.base.errors import InvalidSettingError
 from oominfer.base.units import GiB
 from oominfer.hardware.hardware import Hardware
+from oominfer.memory.additions import (
+    Additions,
+    Draft,
+    check_additions,
+    draft,
+    draft_graph_bytes,
+    expert_share,
+    lora_slot_bytes,
+    multimodal_bytes,
+)
 from oominfer.memory.breakdown import MemoryBreakdown
 from oominfer.memory.dtypes import dtype_bytes, kv_dtype_bytes
 from oominfer.memory.kv import (
@@ -36,10 +47,16 @@ from oominfer.memory.profile import (
     vllm_defaults,
 )
 from oominfer.memory.transformers import transformers_breakdown
-from oominfer.memory.weights import pp_layer_ranges, resolve_dtype, stage_weights
+from oominfer.memory.weights import (
+    pp_layer_ranges,
+    resolve_dtype,
+    stage_expert_bytes,
+    stage_weights,
+)
 from oominfer.model.spec import ATTENTION_KINDS, STATE_KINDS, ModelSpec
 from oominfer.rules import kv_cache as kv_cache_rules
 from oominfer.rules import quantization as quantization_rules
+from oominfer.rules import speculative as speculative_rules
 from oominfer.rules.attention import (
     block_size,
     capture_sizes,
@@ -49,7 +66,7 @@ from oominfer.rules.attention import (
 )
 from oominfer.rules.parallel import tensor_parallel_refusal
 from oominfer.rules.versions import CURRENT_VLLM, EngineVersion
-from oominfer.settings import Engine, EngineSettings
+from oominfer.settings import Engine, EngineSettings, flag
 
 
 def estimate(
@@ -99,7 +116,7 @@ def estimate(
             )
     kv_elem = kv_dtype_bytes(s.kv_cache_dtype, dtype)
     max_len = s.max_model_len or spec.default_max_model_len or spec.max_position_embeddings
-    default_tokens, default_seqs = vllm_defaults(hardware, world_size=s.world_size)
+    default_tokens, default_seqs = vllm_defaults(hardware, world_size=s.model_world_size)
     seqs = s.max_num_seqs or default_seqs
     batched = s.max_num_batched_tokens or min(default_tokens, seqs * max_len)
     if not version.always_chunked_prefill and max_len <= 32768:
@@ -125,6 +142,9 @@ def estimate(
             elem=elem,
             tp=tp,
         )
+    proposer, extra = _additions(
+        spec, s, dtype=dtype, kv_elem=kv_elem, batched=batched, version=version
+    )
     activation = activation_bytes(
         spec, tokens=batched, seqs=seqs, dtype_size=elem, tp=tp, version=version
     )
@@ -143,6 +163,11 @@ def estimate(
     # smallest block count among them (v1/core/kv_cache_utils.py get_kv_cache_configs), so
     # the stage with the fewest blocks decides.
     graph_sizes = capture_sizes(seqs, batched, largest=max_capture_size(gpu, spec))
+    if proposer is not None and device == "cuda" and not s.enforce_eager:
+        extra = dataclasses.replace(
+            extra, speculative_graph_bytes=draft_graph_bytes(proposer, graph_sizes)
+        )
+    expert_stages = stage_expert_bytes(spec, dtype=dtype, quantization=s.quantization, pp=pp)
     block = block_size(spec, gpu, device=device, kv_cache_dtype=s.kv_cache_dtype)
     state_blocks = state_blocks_per_request(spec, gpu, version)
     seen: dict[tuple[int, tuple[str, ...]], MemoryBreakdown] = {}
@@ -154,16 +179,23 @@ def estimate(
         graphs = 0
         if device == "cuda" and not s.enforce_eager:
             graphs = GRAPH_BYTES_PER_LAYER_AND_SIZE * len(layers) * graph_sizes
+        experts, per_gpu = expert_share(spec, s, expert_stages[index])
+        if s.data_parallel_size > 1 or s.enable_expert_parallel:
+            stage_bytes = (stage_bytes - expert_stages[index]) + experts * tp
         weights = max(0, stage_bytes // tp - offload)
+        added = dataclasses.replace(extra, expert_weights_bytes=experts, experts_per_gpu=per_gpu)
+        in_budget_extra = added.non_kv_bytes - (
+            0 if version.graphs_in_budget else added.speculative_graph_bytes
+        )
         overcommitted = 0
         if s.kv_cache_memory_bytes is not None:
             kv_cache = s.kv_cache_memory_bytes
             if device == "cuda":  # vLLM does not check it (v1/worker/gpu_worker.py)
-                rest = weights + activation + non_torch + graphs
+                rest = weights + activation + non_torch + graphs + added.non_kv_bytes
                 overcommitted = rest + kv_cache - gpu.cuda_total_bytes
         else:
             in_budget = graphs if version.graphs_in_budget else 0
-            kv_cache = budget - weights - activation - non_torch - in_budget
+            kv_cache = budget - weights - activation - non_torch - in_budget - in_budget_extra
         layout = kv_layout(
             spec,
             kinds,
@@ -174,6 +206,13 @@ def estimate(
             pp=pp,
             state_blocks=max(state_blocks, 1),
         )
+        if layout is not None and added.speculative_kv_bytes_per_token:
+            # The draft's layers page into the same pool: every block holds them too.
+            layout = dataclasses.replace(
+                layout,
+                bytes_per_block=layout.bytes_per_block
+                + added.speculative_kv_bytes_per_token * layout.block_size,
+            )
         num_blocks = kv_cache // layout.bytes_per_block if layout and kv_cache > 0 else 0
         # Block 0 is the pool's null block (vllm/v1/core/block_pool.py): a request can use
         # num_blocks - 1 (measured: 512 blocks of 128 tokens admit 65,408 tokens, not 65,536).
@@ -198,7 +237,8 @@ def estimate(
             non_torch_bytes=non_torch,
             cuda_graph_bytes=graphs,
             kv_cache_bytes=kv_cache,
-            kv_bytes_per_token=per_layer * sum(1 for k in kinds if k in ATTENTION_KINDS),
+            kv_bytes_per_token=per_layer * sum(1 for k in kinds if k in ATTENTION_KINDS)
+            + added.speculative_kv_bytes_per_token,
             state_bytes_per_seq=state_layer * sum(1 for k in kinds if k in STATE_KINDS),
             block_size=layout.block_size if layout else 0,
             kv_cache_tokens=tokens,
@@ -213,16 +253,52 @@ def estimate(
             overcommitted_bytes=max(0, overcommitted),
             pipeline_stage=index,
             layout=layout,
+            additions=added,
         )
     return min(seen.values(), key=lambda b: (b.usable_blocks, b.kv_cache_bytes))
 
 
+def _additions(
+    spec: ModelSpec,
+    s: EngineSettings,
+    *,
+    dtype: str,
+    kv_elem: int,
+    batched: int,
+    version: EngineVersion,
+) -> tuple[Draft | None, Additions]:
+    """The operator additions that do not depend on the pipeline stage (memory/additions.py);
+    the draft's graphs and the expert split are filled in per stage."""
+    refused = speculative_rules.refusal(spec, s.speculative)
+    if refused:
+        raise InvalidSettingError(
+            f"vLLM refuses {flag('speculative_config')} for {spec.model_id}: {refused}."
+        )
+    tp = s.tensor_parallel_size
+    proposer = draft(
+        spec, s.speculative, dtype=dtype, kv_bytes=kv_elem, tp=tp,
+        quantization=s.quantization, version=version,
+    )  # fmt: skip
+    return proposer, Additions(
+        speculative_method=speculative_rules.speculative_method(spec, s.speculative),
+        speculative_weights_bytes=proposer.weights_bytes // tp if proposer else 0,
+        speculative_kv_bytes_per_token=(
+            proposer.layers * proposer.kv_bytes_per_token_layer if proposer else 0
+        ),
+        lora_bytes=lora_slot_bytes(spec, s, dtype=dtype, tokens=batched),
+        multimodal_bytes=multimodal_bytes(spec, s, dtype=dtype, tokens=batched),
+        data_parallel_size=s.data_parallel_size,
+        prefix_caching=s.enable_prefix_caching,
+    )
+
+
 def _check_parallel(spec: ModelSpec, s: EngineSettings, hardware: Hardware) -> None:
     tp, pp = s.tensor_parallel_size, s.pipeline_parallel_size
+    check_additions(spec, s)
     if s.world_size > hardware.count:
         raise InvalidSettingError(
-            f"tensor_parallel_size x pipeline_parallel_size = {s.world_size} needs "
-            f"{s.world_size} GPUs, but --gpus is {hardware.count}.",
+            f"tensor_parallel_size x pipeline_parallel_size x data_parallel_size = "
+            f"{s.world_size} needs {s.world_size} GPUs, but --gpus is {hardware.count}.",
             hint=f"Pass --gpus {s.world_size} or lower the parallel sizes.",
         )
     refused = tensor_parallel_refusal(spec, tp)

@@ -167,10 +167,33 @@ def _parse(raw: Mapping[str, Any], *, model_id: str, checkpoint: Checkpoint, src
         state_elements_per_layer=state_elems,
         state_dtype=state_dtype,
         quantization=quant,
+        mtp_layers=r.integer("num_nextn_predict_layers", "mtp_num_hidden_layers", default=0),
+        mm_tokens_per_item=_mm_tokens_per_item(cfg),
         params=params,
         checkpoint=checkpoint,
         source=src,
     )
+
+
+# Qwen2-VL's image processor: max_pixels 12,845,056 / (14 x 14 patches) / (2 x 2 merge).
+_DYNAMIC_RESOLUTION_TOKENS = 12_845_056 // (14 * 14) // 4
+
+
+def _mm_tokens_per_item(cfg: Mapping[str, Any]) -> int:
+    """The most language-model tokens one image becomes: ``mm_tokens_per_image`` (Gemma 3),
+    else (image_size / patch_size)^2 / spatial_merge_size^2 from ``vision_config`` (LLaVA:
+    (336 / 14)^2 = 576), else the dynamic-resolution maximum; 0 for a text-only model."""
+    given = cfg.get("mm_tokens_per_image")
+    if isinstance(given, int) and given > 0:
+        return given
+    vision = cfg.get("vision_config")
+    if not isinstance(vision, Mapping):
+        return 0
+    size, patch = vision.get("image_size"), vision.get("patch_size")
+    merge = vision.get("spatial_merge_size") or 1
+    if isinstance(size, int) and isinstance(patch, int) and patch > 0:
+        return (size // patch) ** 2 // (merge * merge)
+    return _DYNAMIC_RESOLUTION_TOKENS
 
 
 def _layer_kinds(r: ConfigReader, layers: int) -> tuple[LayerKind, ...]:

@@ -43,10 +43,23 @@ class Prediction:
     fits: bool = False
     shortfall_bytes: int = 0
     overcommitted_bytes: int = 0
+    speculative_bytes: int = 0
+    """The speculative draft's weights and CUDA graphs (memory/additions.py)."""
+    speculative_kv_bytes_per_token: int = 0
+    """KV the draft adds to each token (within kv_bytes_per_token)."""
+    lora_bytes: int = 0
+    """LoRA slots: max_loras x max_lora_rank on every target module, plus punica's buffer."""
+    multimodal_bytes: int = 0
+    """The multimodal encoder cache."""
+    expert_weights_bytes: int = 0
+    """Routed-expert weights on this GPU (within weights_bytes)."""
+    experts_per_gpu: int = 0
+    """Whole experts per GPU under expert parallel (0: experts sliced, or a dense model)."""
 
     @classmethod
     def of(cls, b: MemoryBreakdown) -> Prediction:
         """The recorded shape of one estimate."""
+        a = b.additions
         return cls(
             total_bytes=b.total_bytes,
             budget_bytes=b.budget_bytes,
@@ -65,6 +78,12 @@ class Prediction:
             fits=b.fits,
             shortfall_bytes=b.shortfall_bytes,
             overcommitted_bytes=b.overcommitted_bytes,
+            speculative_bytes=a.speculative_weights_bytes + a.speculative_graph_bytes,
+            speculative_kv_bytes_per_token=a.speculative_kv_bytes_per_token,
+            lora_bytes=a.lora_bytes,
+            multimodal_bytes=a.multimodal_bytes,
+            expert_weights_bytes=a.expert_weights_bytes,
+            experts_per_gpu=a.experts_per_gpu,
         )
 
     @classmethod
@@ -78,8 +97,13 @@ class Prediction:
         """Everything but the KV cache."""
         return (
             self.weights_bytes + self.activation_bytes + self.non_torch_bytes
-            + self.cuda_graph_bytes
+            + self.cuda_graph_bytes + self.added_bytes
         )  # fmt: skip
+
+    @property
+    def added_bytes(self) -> int:
+        """What operators add beside the model: draft, LoRA slots, encoder cache."""
+        return self.speculative_bytes + self.lora_bytes + self.multimodal_bytes
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -1,0 +1,251 @@
+"""What operators add to a deployment, per GPU: a speculative draft, LoRA slots, the
+multimodal encoder cache, and how MoE experts split under expert and data parallelism.
+All numbers in bytes.
+
+Each term is its own function, derived from vLLM's source (0.32), and the estimator adds
+them as lines of their own (``Additions``) beside the model's weights, activations and
+graphs.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from typing import Any, Final
+
+from oominfer.base.errors import InvalidSettingError
+from oominfer.memory.dtypes import dtype_bytes
+from oominfer.memory.kv import kv_bytes_per_token_layer
+from oominfer.memory.profile import GRAPH_BYTES_PER_LAYER_AND_SIZE
+from oominfer.memory.weights import weight_format, weights_bytes
+from oominfer.model.load import load_spec
+from oominfer.model.spec import ATTENTION_KINDS, ModelSpec
+from oominfer.rules.speculative import NO_MODEL_METHODS, speculative_method
+from oominfer.rules.versions import CURRENT_VLLM, EngineVersion
+from oominfer.settings import EngineSettings, flag
+
+LORA_FP32_SLICES: Final = 3
+"""Punica's shrink step writes an fp32 buffer of (slices, tokens, rank) per LoRA layer
+(vllm/lora/ops/triton_ops/lora_shrink_op.py); qkv is the widest packed module, 3 slices."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Additions:
+    """The operator additions on one GPU (zero when not used). All numbers in bytes."""
+
+    speculative_method: str | None = None
+    """vLLM's method (draft_model, eagle, eagle3, mtp, ngram, ...), None without one."""
+    speculative_weights_bytes: int = 0
+    """The draft's weights (a draft model, EAGLE heads or the model's own MTP layers)."""
+    speculative_kv_bytes_per_token: int = 0
+    """KV the draft's layers add to every token of the shared paged pool."""
+    speculative_graph_bytes: int = 0
+    """CUDA graphs captured for the draft's layers."""
+    lora_bytes: int = 0
+    """max_loras GPU slots of max_lora_rank on every target module, plus punica's buffer."""
+    multimodal_bytes: int = 0
+    """The encoder cache: embeddings of the largest multimodal batch vLLM profiles."""
+    expert_weights_bytes: int = 0
+    """Routed-expert weights on this GPU (already within the weights line)."""
+    experts_per_gpu: int = 0
+    """Whole experts per GPU under --enable-expert-parallel (0: sliced, or not MoE)."""
+    data_parallel_size: int = 1
+    prefix_caching: bool | None = None
+    """--enable-prefix-caching as given (None: vLLM decides, on for most models)."""
+
+    @property
+    def non_kv_bytes(self) -> int:
+        """What these additions take from the KV cache's budget (expert weights are part of
+        the weights line and not added again)."""
+        return (
+            self.speculative_weights_bytes
+            + self.speculative_graph_bytes
+            + self.lora_bytes
+            + self.multimodal_bytes
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Draft:
+    """A speculative draft, whole (before tensor parallelism)."""
+
+    method: str
+    weights_bytes: int
+    layers: int
+    """Layers of the draft that keep a KV cache (and are captured in graphs)."""
+    kv_bytes_per_token_layer: int
+
+
+def draft(
+    spec: ModelSpec,
+    config: dict[str, Any],
+    *,
+    dtype: str,
+    kv_bytes: int,
+    tp: int,
+    quantization: str | None,
+    version: EngineVersion = CURRENT_VLLM,
+) -> Draft | None:
+    """The draft ``--speculative-config`` names, as vLLM builds it (vllm/config/speculative.py).
+
+    - ngram, suffix: no model, no memory.
+    - mtp: the model's own next-token layers (config.json ``num_nextn_predict_layers``):
+      each one a decoder layer of the target plus ``eh_proj`` (2 x hidden -> hidden),
+      sharing the target's embedding and LM head, quantized as the target is.
+    - eagle / eagle3: the head's checkpoint when the catalog or the Hub knows it, else one
+      decoder layer of the target's shape plus the fusing ``fc`` (2 or 3 x hidden ->
+      hidden); the embedding and LM head are shared with the target.
+    - draft_model: a whole model, resolved like any model (``load_spec``).
+
+    Raises:
+        InvalidSettingError: a method with no model to draft with.
+    """
+    method = speculative_method(spec, config)
+    if method is None or method in NO_MODEL_METHODS:
+        return None
+    elem = dtype_bytes(dtype)
+    per_layer_kv = kv_bytes_per_token_layer(spec, kv_bytes=kv_bytes, tp=tp, version=version)
+    if method == "mtp":
+        layers = spec.mtp_layers
+        weights = layers * (
+            _layer_bytes(spec, dtype, quantization) + 2 * spec.hidden_size**2 * elem
+        )
+        return Draft(method=method, weights_bytes=weights, layers=layers,
+                     kv_bytes_per_token_layer=per_layer_kv)  # fmt: skip
+    name = str(config["model"])
+    if method in ("eagle", "eagle3"):
+        head = _known_spec(name)
+        if head is not None:
+            shared = head.params.embedding + head.params.lm_head
+            layer_kv = kv_bytes_per_token_layer(head, kv_bytes=kv_bytes, tp=tp, version=version)
+            return Draft(method=method, weights_bytes=max(0, head.params.total - shared) * elem,
+                         layers=head.num_layers, kv_bytes_per_token_layer=layer_kv)  # fmt: skip
+        fused = 3 if method == "eagle3" else 2
+        weights = _layer_bytes(spec, dtype, None) + fused * spec.hidden_size**2 * elem
+        return Draft(method=method, weights_bytes=weights, layers=1,
+                     kv_bytes_per_token_layer=per_layer_kv)  # fmt: skip
+    model = load_spec(name)
+    return Draft(
+        method=method,
+        weights_bytes=weights_bytes(model, dtype=dtype),
+        layers=model.attention_layers,
+        kv_bytes_per_token_layer=kv_bytes_per_token_layer(
+            model, kv_bytes=kv_bytes, tp=tp, version=version
+        ),
+    )
+
+
+@functools.cache
+def _known_spec(name: str) -> ModelSpec | None:
+    """An EAGLE head's own spec when a folder, the catalog or the Hub has it; else None."""
+    try:
+        return load_spec(name)
+    except Exception:
+        return None
+
+
+def _layer_bytes(spec: ModelSpec, dtype: str, quantization: str | None) -> int:
+    """One decoder layer of ``spec`` (its last) in the engine's weight format."""
+    elem = dtype_bytes(dtype)
+    fmt = weight_format(spec, quantization)
+    quant = fmt.bytes_per_param if fmt is not None else elem
+    linear = elem if fmt is None or fmt.experts_only else quant
+    p = spec.params
+    return int(p.layer_linear[-1] * linear + p.layer_experts[-1] * quant + p.layer_other[-1] * elem)
+
+
+def draft_graph_bytes(d: Draft, graph_sizes: int) -> int:
+    """CUDA graphs of the draft: the same per-layer and per-size cost as the target's."""
+    return GRAPH_BYTES_PER_LAYER_AND_SIZE * d.layers * graph_sizes
+
+
+def lora_slot_bytes(spec: ModelSpec, s: EngineSettings, *, dtype: str, tokens: int) -> int:
+    """GPU memory of ``--enable-lora`` on one GPU.
+
+    vLLM stacks ``max_loras`` slots per target module (vllm/lora/layers/*.py
+    ``create_lora_weights``): lora_a is (max_loras, rank, in), lora_b (max_loras, out, rank),
+    in the model's dtype. Column-parallel modules (q, k, v, gate, up) keep lora_a whole and
+    split lora_b's out by tensor parallel; row-parallel ones (o, down) split lora_a's in and
+    keep lora_b whole. MoE layers hold a slot per expert for gate, up and down
+    (FusedMoEWithLoRA). Plus punica's fp32 shrink buffer over the prefill chunk.
+    """
+    if not s.enable_lora:
+        return 0
+    tp, rank, slots = s.tensor_parallel_size, s.max_lora_rank, s.max_loras
+    h, hd = spec.hidden_size, spec.head_dim
+    q, kv = spec.num_attention_heads * hd, spec.num_kv_heads * hd
+
+    def column(n_in: int, n_out: int) -> int:
+        return rank * n_in + math.ceil(n_out / tp) * rank
+
+    def row(n_in: int, n_out: int) -> int:
+        return rank * math.ceil(n_in / tp) + n_out * rank
+
+    attention = column(h, q) + 2 * column(h, kv) + row(q, h)
+    if spec.is_moe:
+        inter = spec.moe_intermediate_size
+        mlp = spec.num_experts * (2 * column(h, inter) + row(inter, h))
+    else:
+        inter = spec.intermediate_size
+        mlp = 2 * column(h, inter) + row(inter, h)
+    attn_layers = sum(1 for k in spec.layer_kinds if k in ATTENTION_KINDS)
+    per_slot = attention * attn_layers + mlp * spec.num_layers
+    buffer = LORA_FP32_SLICES * tokens * rank * 4
+    return slots * per_slot * dtype_bytes(dtype) + buffer
+
+
+def mm_item_count(limits: dict[str, Any]) -> int | None:
+    """Items per prompt over every modality (None: vLLM's defaults, 999 each)."""
+    if not limits:
+        return None
+    total = 0
+    for value in limits.values():
+        count = value.get("count", 999) if isinstance(value, dict) else value
+        total += int(count)
+    return total
+
+
+def multimodal_bytes(spec: ModelSpec, s: EngineSettings, *, dtype: str, tokens: int) -> int:
+    """The encoder cache of a multimodal model on one GPU.
+
+    vLLM sizes it (vllm/v1/core/encoder_cache_manager.py ``compute_mm_encoder_budget``) as
+    max(max_num_batched_tokens, the largest item's tokens) embeddings of the language
+    model's hidden size, and fills it in the profiling run; limits of 0 for every modality
+    skip the encoder altogether (``--limit-mm-per-prompt '{"image": 0}'``).
+    """
+    if not spec.mm_tokens_per_item or mm_item_count(s.mm_limits) == 0:
+        return 0
+    return max(tokens, spec.mm_tokens_per_item) * spec.hidden_size * dtype_bytes(dtype)
+
+
+def expert_share(spec: ModelSpec, s: EngineSettings, stage_expert_bytes: int) -> tuple[int, int]:
+    """Routed-expert bytes on one GPU, and whole experts per GPU (0 when sliced).
+
+    vLLM's FusedMoE (vllm/model_executor/layers/fused_moe/config.py
+    ``FusedMoEParallelConfig.make``) spans tensor x data parallel ranks: without
+    ``--enable-expert-parallel`` each expert is sliced over all of them; with it each rank
+    holds whole experts, ``ceil(experts / ranks)`` on the first ones (``determine_expert_map``).
+    """
+    ranks = s.tensor_parallel_size * s.data_parallel_size
+    if not spec.is_moe:
+        return 0, 0
+    if not s.enable_expert_parallel:
+        return stage_expert_bytes // ranks, 0
+    per_gpu = math.ceil(spec.num_experts / ranks)
+    return stage_expert_bytes * per_gpu // spec.num_experts, per_gpu
+
+
+def check_additions(spec: ModelSpec, s: EngineSettings) -> None:
+    """Refuse what vLLM refuses about these settings before it touches a GPU.
+
+    Raises:
+        InvalidSettingError: expert parallel on a dense model.
+    """
+    if s.enable_expert_parallel and not spec.is_moe:
+        raise InvalidSettingError(
+            f"{flag('enable_expert_parallel')} needs a mixture-of-experts model; "
+            f"{spec.model_id} has no experts (vLLM refuses it).",
+            hint=f"Leave out {flag('enable_expert_parallel')}; use "
+            f"{flag('data_parallel_size')} for replicas.",
+        )
