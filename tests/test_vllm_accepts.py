@@ -109,6 +109,47 @@ CONTROLS: dict[str, tuple[str, int, tuple[str, ...], dict[str, str | None]]] = {
         ("--dtype", "bfloat16", "--kv-cache-dtype", "float16"),
         {"0.32": None, "0.33": 'kv_cache_dtype="float16" is incompatible with dtype="bfloat16"'},
     ),
+    # Operator additions (issue 17): each refusal oominfer's rules make, in vLLM's words.
+    "lora": (
+        "L4-24GB",
+        1,
+        ("--enable-lora", "--max-loras", "4", "--max-lora-rank", "64"),
+        {"0.32": None, "0.33": None},
+    ),
+    "lora rank": (
+        "L4-24GB",
+        1,
+        ("--enable-lora", "--max-lora-rank", "48"),
+        dict.fromkeys(ENGINES, "invalid choice"),
+    ),
+    "cpu loras": (
+        "L4-24GB",
+        1,
+        ("--enable-lora", "--max-loras", "4", "--max-cpu-loras", "2"),
+        dict.fromkeys(ENGINES, "max_cpu_loras (2) must be >= max_loras (4)"),
+    ),
+    "expert parallel on a dense model": (
+        "H100-SXM-80GB",
+        2,
+        ("--tensor-parallel-size", "2", "--enable-expert-parallel"),
+        dict.fromkeys(ENGINES, "Number of experts in the model must be greater than 0"),
+    ),
+    "ngram": (
+        "L4-24GB",
+        1,
+        (
+            "--speculative-config",
+            '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}',
+            "--no-enable-prefix-caching",
+        ),
+        {"0.32": None, "0.33": None},
+    ),
+    "speculative without a draft": (
+        "L4-24GB",
+        1,
+        ("--speculative-config", '{"method": "eagle", "num_speculative_tokens": 4}'),
+        dict.fromkeys(ENGINES, "without speculative model"),
+    ),
     "unknown flag": (
         "A100-SXM-80GB",
         1,
