@@ -1,0 +1,319 @@
+"""What operators add (issue 17): speculative decoding, LoRA, multimodal limits, prefix
+caching, expert and data parallel, as engine settings that estimate, fit, the plan, serve and
+k8s carry; each with its memory counted and vLLM's rules applied."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from _pure_fixtures import offline_hub  # noqa: F401 - autouse fixture
+from click.testing import CliRunner, Result
+
+from oominfer.base.errors import InvalidSettingError
+from oominfer.cli import main
+from oominfer.hardware.hardware import Hardware
+from oominfer.memory.additions import lora_slot_bytes, multimodal_bytes
+from oominfer.memory.breakdown import MemoryBreakdown
+from oominfer.memory.estimate import estimate
+from oominfer.model.load import load_spec
+from oominfer.settings import EngineSettings, engine_args
+
+LLAMA_8B = "meta-llama/Llama-3.1-8B-Instruct"
+DRAFT = '{"model": "meta-llama/Llama-3.2-1B-Instruct", "num_speculative_tokens": 4}'
+L4 = Hardware.from_gpu("L4", 1)
+
+
+def invoke(*args: str) -> Result:
+    return CliRunner().invoke(main, list(args), prog_name="oominfer")
+
+
+def estimate_json(*flags: str, model: str = LLAMA_8B, gpu: str = "L4") -> dict[str, Any]:
+    result = invoke("estimate", model, "--gpu", gpu, "--max-model-len", "1024", "--json", *flags)
+    assert result.exit_code == 0, result.output
+    data: dict[str, Any] = json.loads(result.stdout)
+    return data
+
+
+def of(model: str, hardware: Hardware = L4, **settings: Any) -> MemoryBreakdown:
+    s = EngineSettings(max_model_len=8192, **settings)
+    return estimate(load_spec(model), hardware=hardware, settings=s)
+
+
+# ------------------------------------------------------- command line <-> settings <-> argv
+
+ROUND_TRIPS = [
+    # flags given, the setting's value, the engine's tokens
+    (("--speculative-config", DRAFT), "speculative_config", DRAFT, ["--speculative-config", DRAFT]),
+    (("--enable-lora",), "enable_lora", True, ["--enable-lora"]),
+    (("--enable-lora", "--max-loras", "4"), "max_loras", 4, ["--max-loras", "4"]),
+    (("--enable-lora", "--max-lora-rank", "64"), "max_lora_rank", 64, ["--max-lora-rank", "64"]),
+    (("--enable-lora", "--max-cpu-loras", "8"), "max_cpu_loras", 8, ["--max-cpu-loras", "8"]),
+    (
+        ("--limit-mm-per-prompt", '{"image":2,"video":0}'),
+        "limit_mm_per_prompt",
+        '{"image": 2, "video": 0}',
+        ["--limit-mm-per-prompt", '{"image": 2, "video": 0}'],
+    ),
+    (("--enable-prefix-caching",), "enable_prefix_caching", True, ["--enable-prefix-caching"]),
+    (
+        ("--no-enable-prefix-caching",),
+        "enable_prefix_caching",
+        False,
+        ["--no-enable-prefix-caching"],
+    ),
+]
+
+
+@pytest.mark.parametrize(("flags", "name", "value", "argv"), ROUND_TRIPS)
+def test_each_flag_reaches_the_settings_and_renders_back_as_vllm_takes_it(
+    flags: tuple[str, ...], name: str, value: object, argv: list[str]
+) -> None:
+    data = estimate_json(*flags)
+    assert data["settings"][name] == value
+    settings = EngineSettings(**{k: data["settings"][k] for k in (name, "enable_lora")})
+    tokens = engine_args(settings)
+    start = tokens.index(argv[0])
+    assert tokens[start : start + len(argv)] == argv
+
+
+def test_expert_and_data_parallel_round_trip() -> None:
+    result = invoke(
+        "estimate", "mistralai/Mixtral-8x7B-Instruct-v0.1", "--gpu", "H100-SXM-80GB",
+        "--gpus", "2", "--max-model-len", "8192", "--enable-expert-parallel", "-dp", "2",
+        "--json",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    settings = json.loads(result.stdout)["settings"]
+    assert (settings["enable_expert_parallel"], settings["data_parallel_size"]) == (True, 2)
+    tokens = engine_args(EngineSettings(enable_expert_parallel=True, data_parallel_size=2))
+    assert "--enable-expert-parallel" in tokens
+    assert tokens[tokens.index("--data-parallel-size") + 1] == "2"
+
+
+def test_defaults_render_nothing_new() -> None:
+    """Left alone, none of the new settings reaches the engine: vLLM decides as before."""
+    assert engine_args(EngineSettings()) == ["--dtype", "auto", "--gpu-memory-utilization", "0.92"]
+
+
+# ----------------------------------------------------------------------------- the memory
+
+
+def test_lora_and_a_draft_each_shrink_the_kv_cache() -> None:
+    """The bar of issue 17, through the command line."""
+    plain = estimate_json()["per_gpu"]
+    lora = estimate_json("--enable-lora", "--max-lora-rank", "64", "--max-loras", "4")["per_gpu"]
+    draft = estimate_json("--speculative-config", DRAFT)["per_gpu"]
+    assert lora["kv_cache_bytes"] < plain["kv_cache_bytes"]
+    assert draft["kv_cache_bytes"] < plain["kv_cache_bytes"]
+    assert lora["lora_bytes"] == plain["kv_cache_bytes"] - lora["kv_cache_bytes"]
+    assert draft["speculative_bytes"] == plain["kv_cache_bytes"] - draft["kv_cache_bytes"]
+    # The per_gpu keys of before are all still there, the new ones beside them.
+    old = {
+        "weights_bytes",
+        "activation_bytes",
+        "non_torch_bytes",
+        "cuda_graph_bytes",
+        "kv_cache_bytes",
+        "kv_bytes_per_token",
+        "kv_cache_tokens",
+        "max_concurrency",
+    }
+    new = {
+        "speculative_bytes",
+        "speculative_kv_bytes_per_token",
+        "lora_bytes",
+        "multimodal_bytes",
+        "expert_weights_bytes",
+        "experts_per_gpu",
+    }
+    assert old | new <= set(plain)
+
+
+def test_lora_slots_by_hand() -> None:
+    """Llama-3.1-8B (hidden 4096, 32 heads / 8 KV heads of 128, MLP 14336, 32 layers),
+    rank 64, 4 slots, bf16, one GPU; each module is rank x (in + out) per slot:
+    q 64x(4096+4096) + k, v 2 x 64x(4096+1024) + o 64x(4096+4096) = 1,703,936;
+    gate, up 2 x 64x(4096+14336) + down 64x(14336+4096) = 3,538,944;
+    x 32 layers x 4 slots x 2 bytes = 1,342,177,280; punica's buffer 3 x 2048 x 64 x 4."""
+    s = EngineSettings(enable_lora=True, max_loras=4, max_lora_rank=64)
+    slots = lora_slot_bytes(load_spec(LLAMA_8B), s, dtype="bfloat16", tokens=2048)
+    assert slots == (1_703_936 + 3_538_944) * 32 * 4 * 2 + 3 * 2048 * 64 * 4
+
+
+def test_tensor_parallel_splits_one_side_of_each_lora_module() -> None:
+    spec = load_spec(LLAMA_8B)
+    one = EngineSettings(enable_lora=True, max_lora_rank=64)
+    two = dataclasses.replace(one, tensor_parallel_size=2)
+    whole = lora_slot_bytes(spec, one, dtype="bfloat16", tokens=0)
+    split = lora_slot_bytes(spec, two, dtype="bfloat16", tokens=0)
+    assert whole / 2 < split < whole
+
+
+def test_no_lora_memory_without_enable_lora() -> None:
+    s = EngineSettings(max_loras=4, max_lora_rank=64)
+    assert lora_slot_bytes(load_spec(LLAMA_8B), s, dtype="bfloat16", tokens=2048) == 0
+
+
+def test_a_draft_model_adds_its_weights_graphs_and_kv_per_token() -> None:
+    """Llama-3.2-1B: 16 layers x 2 (K, V) x 8 KV heads x 64 x 2 bytes = 32 KiB per token."""
+    plain, drafted = of(LLAMA_8B), of(LLAMA_8B, speculative_config=DRAFT)
+    a = drafted.additions
+    assert a.speculative_method == "draft_model"
+    assert a.speculative_kv_bytes_per_token == 16 * 2 * 8 * 64 * 2
+    assert drafted.kv_bytes_per_token == plain.kv_bytes_per_token + 32 * 1024
+    one_b = load_spec("meta-llama/Llama-3.2-1B-Instruct").params.total
+    assert abs(a.speculative_weights_bytes - one_b * 2) < 0.05 * one_b * 2
+    assert a.speculative_graph_bytes > 0
+    assert (
+        of(LLAMA_8B, speculative_config=DRAFT, enforce_eager=True).additions.speculative_graph_bytes
+        == 0
+    )
+    assert drafted.kv_cache_tokens < plain.kv_cache_tokens
+
+
+def test_ngram_needs_no_memory() -> None:
+    ngram = of(LLAMA_8B, speculative_config='{"method": "ngram", "num_speculative_tokens": 4}')
+    assert ngram.additions.speculative_method == "ngram"
+    assert ngram.kv_cache_bytes == of(LLAMA_8B).kv_cache_bytes
+
+
+def test_an_eagle_head_is_one_layer_of_the_target_and_its_fc() -> None:
+    """Unknown to the catalog (and offline): one Llama-8B decoder layer plus eagle3's
+    3 x hidden -> hidden fc, the embedding and LM head shared with the target."""
+    spec = load_spec(LLAMA_8B)
+    config = '{"model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B", "num_speculative_tokens": 3}'
+    a = of(LLAMA_8B, speculative_config=config).additions
+    assert a.speculative_method == "eagle3"
+    p = spec.params
+    layer = p.layer_linear[-1] + p.layer_experts[-1] + p.layer_other[-1]
+    assert a.speculative_weights_bytes == (layer + 3 * 4096 * 4096) * 2
+    assert a.speculative_kv_bytes_per_token == 2 * 8 * 128 * 2
+
+
+def test_mtp_drafts_with_the_models_own_layers() -> None:
+    spec = load_spec("deepseek-ai/DeepSeek-V3")
+    assert spec.mtp_layers == 1
+    h200x8 = Hardware.from_gpu("H200", 8)
+    b = of("deepseek-ai/DeepSeek-V3", h200x8, tensor_parallel_size=8,
+           speculative_config='{"method": "mtp", "num_speculative_tokens": 1}')  # fmt: skip
+    assert b.additions.speculative_method == "mtp"
+    assert b.additions.speculative_weights_bytes > 0
+    # MLA: one latent of (512 + 64) x 2 bytes per token and layer.
+    assert b.additions.speculative_kv_bytes_per_token == (512 + 64) * 2
+
+
+def test_the_encoder_cache_and_limits_of_zero() -> None:
+    """Gemma 3 27B: 256 tokens per image, so the cache is the prefill chunk's
+    max(2048, 256) x hidden 5376 x 2 bytes; images limited to 0 skip it."""
+    spec = load_spec("google/gemma-3-27b-it")
+    cache = multimodal_bytes(spec, EngineSettings(), dtype="bfloat16", tokens=2048)
+    assert cache == 2048 * 5376 * 2
+    none = EngineSettings(limit_mm_per_prompt='{"image": 0}')
+    assert multimodal_bytes(spec, none, dtype="bfloat16", tokens=2048) == 0
+    assert (
+        multimodal_bytes(load_spec(LLAMA_8B), EngineSettings(), dtype="bfloat16", tokens=2048) == 0
+    )
+
+
+def test_expert_parallel_holds_whole_experts_and_data_parallel_splits_them_too() -> None:
+    """Mixtral 8x7B: 8 experts. TP 2 slices each expert in two; EP over TP 2 holds 4 whole
+    experts per GPU (the same bytes); DP 2 x TP 1 slices them over both engines' GPUs."""
+    mixtral, two = "mistralai/Mixtral-8x7B-Instruct-v0.1", Hardware.from_gpu("H100-SXM-80GB", 2)
+    tp = of(mixtral, two, tensor_parallel_size=2)
+    ep = of(mixtral, two, tensor_parallel_size=2, enable_expert_parallel=True)
+    dp = of(mixtral, two, data_parallel_size=2)
+    assert ep.additions.experts_per_gpu == 4
+    assert abs(ep.weights_bytes - tp.weights_bytes) <= 1
+    one = of(mixtral, Hardware.from_gpu("H100-SXM-80GB", 1))
+    experts = one.additions.expert_weights_bytes
+    assert dp.additions.expert_weights_bytes == experts // 2
+    assert one.weights_bytes - dp.weights_bytes == pytest.approx(experts // 2, abs=2)
+    assert dp.additions.data_parallel_size == 2
+
+
+# ------------------------------------------------------------------------ vLLM's refusals
+
+REFUSED: list[tuple[dict[str, Any], str]] = [
+    ({"max_lora_rank": 48}, "--max-lora-rank"),
+    ({"enable_lora": True, "max_loras": 4, "max_cpu_loras": 2}, "--max-cpu-loras 2"),
+    ({"speculative_config": "[1, 2]"}, "JSON object"),
+    ({"speculative_config": "{model: x}"}, "not valid JSON"),
+    ({"limit_mm_per_prompt": "{"}, "not valid JSON"),
+]
+
+
+@pytest.mark.parametrize(("settings", "words"), REFUSED)
+def test_settings_vllm_refuses_before_anything_runs(settings: dict[str, Any], words: str) -> None:
+    with pytest.raises(InvalidSettingError, match=words):
+        EngineSettings(**settings)
+
+
+ESTIMATE_REFUSED = [
+    (LLAMA_8B, {"enable_expert_parallel": True}, "mixture-of-experts"),
+    (LLAMA_8B, {"speculative_config": '{"method": "eagle", "num_speculative_tokens": 4}'},
+     "needs a draft"),
+    (LLAMA_8B, {"speculative_config": '{"method": "mtp", "num_speculative_tokens": 1}'},
+     "has none"),
+    (LLAMA_8B, {"speculative_config": '{"model": "x/y", "num_speculative_tokens": 0}'},
+     "positive integer"),
+    (LLAMA_8B, {"speculative_config": '{"method": "medusa2", "model": "x/y"}'}, "unknown"),
+    (LLAMA_8B, {"data_parallel_size": 2}, "needs 2 GPUs"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("model", "settings", "words"), ESTIMATE_REFUSED)
+def test_the_estimate_refuses_what_vllm_refuses(
+    model: str, settings: dict[str, Any], words: str
+) -> None:
+    with pytest.raises(InvalidSettingError, match=words):
+        of(model, **settings)
+
+
+def test_the_command_line_refuses_a_rank_vllm_lacks_and_bad_json() -> None:
+    rank = invoke("estimate", LLAMA_8B, "--gpu", "L4", "--enable-lora", "--max-lora-rank", "48")
+    assert rank.exit_code == 2, rank.output
+    assert "48" in rank.stderr and "320" in rank.stderr
+    bad = invoke("estimate", LLAMA_8B, "--gpu", "L4", "--speculative-config", "{model}")
+    assert bad.exit_code == 2, bad.output
+    assert "not valid JSON" in bad.stderr
+
+
+# ------------------------------------------------------------------ the plan and k8s
+
+
+def test_a_lora_plan_passes_enable_lora_to_the_engine_in_its_manifests(tmp_path: Path) -> None:
+    plan = tmp_path / "plan.json"
+    fitted = invoke("fit", LLAMA_8B, "--gpu", "L4", "--enable-lora", "--max-lora-rank", "64",
+                    "--max-loras", "4", "--no-verify", "-o", str(plan))  # fmt: skip
+    assert fitted.exit_code == 0, fitted.output
+    settings = json.loads(plan.read_text())["settings"]
+    assert (settings["enable_lora"], settings["max_loras"], settings["max_lora_rank"]) == (
+        True, 4, 64,
+    )  # fmt: skip
+    out = tmp_path / "k8s"
+    rendered = invoke("k8s", str(plan), "-o", str(out))
+    assert rendered.exit_code == 0, rendered.output
+    deployment = yaml.safe_load((out / "deployment.yaml").read_text())
+    args = shlex.split(
+        deployment["spec"]["template"]["metadata"]["annotations"]["oominfer.dev/engine-args"]
+    )
+    assert args[args.index("--enable-lora") :][:5] == [
+        "--enable-lora", "--max-loras", "4", "--max-lora-rank", "64",
+    ]  # fmt: skip
+
+
+def test_a_draft_plan_keeps_its_json_as_one_argument(tmp_path: Path) -> None:
+    plan = tmp_path / "plan.json"
+    fitted = invoke("fit", LLAMA_8B, "--gpu", "H100-SXM-80GB", "--speculative-config", DRAFT,
+                    "--no-verify", "-o", str(plan))  # fmt: skip
+    assert fitted.exit_code == 0, fitted.output
+    settings = json.loads(plan.read_text())["settings"]
+    assert json.loads(settings["speculative_config"])["num_speculative_tokens"] == 4
+    tokens = engine_args(EngineSettings(speculative_config=settings["speculative_config"]))
+    assert json.loads(tokens[tokens.index("--speculative-config") + 1]) == json.loads(DRAFT)
