@@ -264,6 +264,8 @@ ESTIMATE_REFUSED = [
      "positive integer"),
     (LLAMA_8B, {"speculative_config": '{"method": "medusa2", "model": "x/y"}'}, "unknown"),
     (LLAMA_8B, {"data_parallel_size": 2}, "needs 2 GPUs"),
+    (LLAMA_8B, {"enable_lora": True, "speculative_config": DRAFT, "max_num_seqs": 256,
+                "max_num_batched_tokens": 1024}, "256 x 5 = 1280"),
 ]  # fmt: skip
 
 

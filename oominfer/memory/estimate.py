@@ -142,6 +142,7 @@ def estimate(
             elem=elem,
             tp=tp,
         )
+    _check_lora_with_drafts(s, seqs=seqs, batched=batched)
     proposer, extra = _additions(
         spec, s, dtype=dtype, kv_elem=kv_elem, batched=batched, version=version
     )
@@ -290,6 +291,23 @@ def _additions(
         data_parallel_size=s.data_parallel_size,
         prefix_caching=s.enable_prefix_caching,
     )
+
+
+def _check_lora_with_drafts(s: EngineSettings, *, seqs: int, batched: int) -> None:
+    """vLLM refuses LoRA with speculative decoding when a step cannot hold every sequence's
+    drafted tokens (engine/arg_utils.py ``create_engine_config``: max_num_batched_tokens <
+    max_num_seqs x (num_speculative_tokens + 1))."""
+    drafted = s.speculative.get("num_speculative_tokens")
+    if not s.enable_lora or not isinstance(drafted, int):
+        return
+    need = seqs * (drafted + 1)
+    if batched < need:
+        raise InvalidSettingError(
+            f"vLLM refuses LoRA with {drafted} speculative tokens when "
+            f"{flag('max_num_batched_tokens')} {batched} is below {flag('max_num_seqs')} "
+            f"{seqs} x {drafted + 1} = {need}.",
+            hint=f"Use {flag('max_num_batched_tokens')} {need} or a lower {flag('max_num_seqs')}.",
+        )
 
 
 def _check_parallel(spec: ModelSpec, s: EngineSettings, hardware: Hardware) -> None:
