@@ -319,3 +319,19 @@ def test_a_draft_plan_keeps_its_json_as_one_argument(tmp_path: Path) -> None:
     assert json.loads(settings["speculative_config"])["num_speculative_tokens"] == 4
     tokens = engine_args(EngineSettings(speculative_config=settings["speculative_config"]))
     assert json.loads(tokens[tokens.index("--speculative-config") + 1]) == json.loads(DRAFT)
+
+
+def test_smaller_additions_are_ways_out_before_quantizing() -> None:
+    lora = invoke("estimate", LLAMA_8B, "--gpu", "L4", "--max-model-len", "8192", "--json",
+                  "--enable-lora", "--max-loras", "8", "--max-lora-rank", "64")  # fmt: skip
+    assert lora.exit_code == 3, lora.output
+    ways = json.loads(lora.stdout)["ways_out"]
+    assert {"--max-loras 4", "--max-lora-rank 32"} <= set(ways)
+    assert ways.index("--max-loras 4") < ways.index("-q fp8_per_tensor")
+    draft = invoke("estimate", LLAMA_8B, "--gpu", "L4", "--max-model-len", "8192", "--json",
+                   "--speculative-config", DRAFT)  # fmt: skip
+    assert draft.exit_code == 3, draft.output
+    ngram = [w for w in json.loads(draft.stdout)["ways_out"] if "ngram" in w]
+    assert len(ngram) == 1
+    config = shlex.split(ngram[0])[1]
+    assert json.loads(config)["num_speculative_tokens"] == 4

@@ -12,7 +12,7 @@ from oominfer.memory.estimate import estimate
 from oominfer.model.spec import ModelSpec
 from oominfer.rules.parallel import tensor_parallel_refusal
 from oominfer.rules.versions import CURRENT_VLLM, EngineVersion
-from oominfer.settings import Engine, EngineSettings
+from oominfer.settings import Engine, EngineSettings, compact_json, declared, flag
 
 _PARALLEL = (2, 4, 8)
 
@@ -30,6 +30,7 @@ def _tries(
         tries.append(("--kv-cache-dtype fp8", dataclasses.replace(s, kv_cache_dtype="fp8")))
     if not s.enforce_eager and b.cuda_graph_bytes:
         tries.append(("--enforce-eager", dataclasses.replace(s, enforce_eager=True)))
+    tries.extend(_operator_tries(s, b))
     if s.quantization is None and spec.quantization is None and gpu.supports_fp8:
         tries.append(("-q fp8_per_tensor", dataclasses.replace(s, quantization="fp8_per_tensor")))
     out = [(flag, settings, hardware) for flag, settings in tries]
@@ -44,6 +45,27 @@ def _tries(
         flag = f"-tp {n}" + ("" if more is hardware else f" --gpus {need}")
         out.append((flag, dataclasses.replace(s, tensor_parallel_size=n), more))
     return out
+
+
+def _operator_tries(s: EngineSettings, b: MemoryBreakdown) -> list[tuple[str, EngineSettings]]:
+    """Smaller operator additions, tried before quantizing (README: what operators add): fewer
+    LoRA slots, a lower rank, a prompt-lookup (ngram) draft instead of a model's."""
+    tries = []
+    if b.additions.lora_bytes and s.max_loras > 1:
+        fewer = max(1, s.max_loras // 2)
+        tries.append((f"{flag('max_loras')} {fewer}", dataclasses.replace(s, max_loras=fewer)))
+    lower = [r for r in declared("max_lora_rank").choices if r < s.max_lora_rank]
+    if b.additions.lora_bytes and lower:
+        rank = lower[-1]
+        tries.append((f"{flag('max_lora_rank')} {rank}",
+                      dataclasses.replace(s, max_lora_rank=rank)))  # fmt: skip
+    if b.additions.speculative_weights_bytes:
+        tokens = s.speculative.get("num_speculative_tokens") or 1
+        ngram = compact_json({"method": "ngram", "num_speculative_tokens": tokens,
+                              "prompt_lookup_max": 4})  # fmt: skip
+        tries.append((f"{flag('speculative_config')} '{ngram}'",
+                      dataclasses.replace(s, speculative_config=ngram)))  # fmt: skip
+    return tries
 
 
 def ways_out(
@@ -61,14 +83,14 @@ def ways_out(
         return []
     found: list[str] = []
     parallel_found = False
-    for flag, s, hw in _tries(spec, hardware, settings, b):
-        if flag.startswith("-tp") and parallel_found:
+    for change, s, hw in _tries(spec, hardware, settings, b):
+        if change.startswith("-tp") and parallel_found:
             continue
         try:
             fits = estimate(spec, hardware=hw, settings=s, engine=engine, version=version).fits
         except InvalidSettingError:
             continue
         if fits:
-            found.append(flag)
-            parallel_found = parallel_found or flag.startswith("-tp")
+            found.append(change)
+            parallel_found = parallel_found or change.startswith("-tp")
     return found
