@@ -335,3 +335,10 @@ def test_smaller_additions_are_ways_out_before_quantizing() -> None:
     assert len(ngram) == 1
     config = shlex.split(ngram[0])[1]
     assert json.loads(config)["num_speculative_tokens"] == 4
+
+
+def test_the_transformers_engine_refuses_vllm_only_additions() -> None:
+    spec = load_spec(LLAMA_8B)
+    s = EngineSettings(max_model_len=4096, enable_lora=True)
+    with pytest.raises(InvalidSettingError, match="transformers engine does not serve --enable"):
+        estimate(spec, hardware=L4, settings=s, engine="transformers")

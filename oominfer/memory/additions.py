@@ -23,7 +23,7 @@ from oominfer.model.load import load_spec
 from oominfer.model.spec import ATTENTION_KINDS, ModelSpec
 from oominfer.rules.speculative import NO_MODEL_METHODS, speculative_method
 from oominfer.rules.versions import CURRENT_VLLM, EngineVersion
-from oominfer.settings import EngineSettings, flag
+from oominfer.settings import EngineSettings, declared, flag
 
 LORA_FP32_SLICES: Final = 3
 """Punica's shrink step writes an fp32 buffer of (slices, tokens, rank) per LoRA layer
@@ -236,12 +236,27 @@ def expert_share(spec: ModelSpec, s: EngineSettings, stage_expert_bytes: int) ->
     return stage_expert_bytes * per_gpu // spec.num_experts, per_gpu
 
 
-def check_additions(spec: ModelSpec, s: EngineSettings) -> None:
-    """Refuse what vLLM refuses about these settings before it touches a GPU.
+OPERATOR_FLAGS: Final = (
+    "speculative_config", "enable_lora", "limit_mm_per_prompt", "enable_expert_parallel",
+    "data_parallel_size",
+)  # fmt: skip
+"""The additions only vLLM serves (the transformers server has none of them)."""
+
+
+def check_additions(spec: ModelSpec, s: EngineSettings, engine: str = "vllm") -> None:
+    """Refuse what vLLM refuses about these settings before it touches a GPU, and what the
+    transformers engine cannot serve.
 
     Raises:
-        InvalidSettingError: expert parallel on a dense model.
+        InvalidSettingError: expert parallel on a dense model; an addition on transformers.
     """
+    if engine != "vllm":
+        given = [name for name in OPERATOR_FLAGS if getattr(s, name) != declared(name).default]
+        if given:
+            raise InvalidSettingError(
+                f"the transformers engine does not serve {', '.join(map(flag, given))}.",
+                hint="Use --engine vllm, or leave them out.",
+            )
     if s.enable_expert_parallel and not spec.is_moe:
         raise InvalidSettingError(
             f"{flag('enable_expert_parallel')} needs a mixture-of-experts model; "

@@ -95,6 +95,7 @@ def estimate(
     device = hardware.device
     tp, pp = s.tensor_parallel_size, s.pipeline_parallel_size
     _check_parallel(spec, s, hardware)
+    check_additions(spec, s, engine)
     gpu = hardware.gpu
     dtype = resolve_dtype(spec, gpu, s.dtype)
     elem = dtype_bytes(dtype)
@@ -312,7 +313,6 @@ def _check_lora_with_drafts(s: EngineSettings, *, seqs: int, batched: int) -> No
 
 def _check_parallel(spec: ModelSpec, s: EngineSettings, hardware: Hardware) -> None:
     tp, pp = s.tensor_parallel_size, s.pipeline_parallel_size
-    check_additions(spec, s)
     if s.world_size > hardware.count:
         raise InvalidSettingError(
             f"tensor_parallel_size x pipeline_parallel_size x data_parallel_size = "
