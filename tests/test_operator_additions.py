@@ -342,3 +342,18 @@ def test_the_transformers_engine_refuses_vllm_only_additions() -> None:
     s = EngineSettings(max_model_len=4096, enable_lora=True)
     with pytest.raises(InvalidSettingError, match="transformers engine does not serve --enable"):
         estimate(spec, hardware=L4, settings=s, engine="transformers")
+
+
+def test_the_vision_tower_is_counted_where_the_weights_lack_it() -> None:
+    """Gemma 3's SigLIP tower (config.json's vision_config: 27 layers, hidden 1152, MLP
+    4304, patch 14) next to the text model's 5376: 27 x (4 x 1152^2 + 2 x 1152 x 4304)
+    + 3 x 14^2 x 1152 + 1152 x 5376 = 417,940,992 parameters (SigLIP-so400m: ~0.4 B)."""
+    spec = load_spec("google/gemma-3-27b-it")
+    assert spec.vision_params == 417_940_992
+    h100 = Hardware.from_gpu("H100-SXM-80GB", 1)
+    b = of("google/gemma-3-27b-it", h100)
+    assert b.additions.vision_tower_bytes == 417_940_992 * 2
+    unbuilt = of("google/gemma-3-27b-it", h100, limit_mm_per_prompt='{"image": 0}')
+    assert unbuilt.additions.vision_tower_bytes == 0
+    assert unbuilt.kv_cache_bytes > b.kv_cache_bytes
+    assert of(LLAMA_8B).additions.vision_tower_bytes == 0

@@ -46,6 +46,8 @@ class Additions:
     """max_loras GPU slots of max_lora_rank on every target module, plus punica's buffer."""
     multimodal_bytes: int = 0
     """The encoder cache: embeddings of the largest multimodal batch vLLM profiles."""
+    vision_tower_bytes: int = 0
+    """The vision tower's weights, where the weights line (from the architecture) lacks it."""
     expert_weights_bytes: int = 0
     """Routed-expert weights on this GPU (already within the weights line)."""
     experts_per_gpu: int = 0
@@ -63,6 +65,7 @@ class Additions:
             + self.speculative_graph_bytes
             + self.lora_bytes
             + self.multimodal_bytes
+            + self.vision_tower_bytes
         )
 
 
@@ -204,6 +207,22 @@ def mm_item_count(limits: dict[str, Any]) -> int | None:
         count = value.get("count", 999) if isinstance(value, dict) else value
         total += int(count)
     return total
+
+
+def vision_tower_bytes(spec: ModelSpec, s: EngineSettings, *, dtype: str) -> int:
+    """The vision tower's weights on one GPU, when the weights line does not hold them.
+
+    Exact checkpoint sizes (safetensors headers, published totals) already include the
+    tower; sizes computed from the architecture count the language model only, so the tower
+    (``ModelSpec.vision_params``, kept 16-bit by every quantization scheme, split by tensor
+    parallel as vLLM's default ``mm_encoder_tp_mode`` does) is added here. Limits of 0 for
+    every modality leave the tower unbuilt (vllm/model_executor/models/interfaces.py
+    ``_mark_tower_model``: ``StageMissingLayer``).
+    """
+    exact = spec.checkpoint.tensor_bytes is not None
+    if not spec.vision_params or exact or mm_item_count(s.mm_limits) == 0:
+        return 0
+    return spec.vision_params * dtype_bytes(dtype) // s.tensor_parallel_size
 
 
 def multimodal_bytes(spec: ModelSpec, s: EngineSettings, *, dtype: str, tokens: int) -> int:

@@ -30,6 +30,7 @@ from oominfer.memory.additions import (
     expert_share,
     lora_slot_bytes,
     multimodal_bytes,
+    vision_tower_bytes,
 )
 from oominfer.memory.breakdown import MemoryBreakdown
 from oominfer.memory.dtypes import dtype_bytes, kv_dtype_bytes
@@ -289,6 +290,7 @@ def _additions(
         ),
         lora_bytes=lora_slot_bytes(spec, s, dtype=dtype, tokens=batched),
         multimodal_bytes=multimodal_bytes(spec, s, dtype=dtype, tokens=batched),
+        vision_tower_bytes=vision_tower_bytes(spec, s, dtype=dtype),
         data_parallel_size=s.data_parallel_size,
         prefix_caching=s.enable_prefix_caching,
     )

@@ -162,6 +162,9 @@ class ModelSpec:
     what ``--speculative-config '{"method": "mtp"}'`` drafts with."""
     mm_tokens_per_item: int = 0
     """Language-model tokens one image becomes, at most (0: a text-only model)."""
+    vision_params: int = 0
+    """Parameters of the vision tower and its projector, from ``vision_config`` (not in
+    ``params``, which counts the language model)."""
     params: ParamCounts
     checkpoint: Checkpoint = field(default_factory=Checkpoint)
     source: str = "config"

@@ -50,7 +50,7 @@ class Prediction:
     lora_bytes: int = 0
     """LoRA slots: max_loras x max_lora_rank on every target module, plus punica's buffer."""
     multimodal_bytes: int = 0
-    """The multimodal encoder cache."""
+    """The multimodal encoder cache, and the vision tower where the weights lack it."""
     expert_weights_bytes: int = 0
     """Routed-expert weights on this GPU (within weights_bytes)."""
     experts_per_gpu: int = 0
@@ -81,7 +81,7 @@ class Prediction:
             speculative_bytes=a.speculative_weights_bytes + a.speculative_graph_bytes,
             speculative_kv_bytes_per_token=a.speculative_kv_bytes_per_token,
             lora_bytes=a.lora_bytes,
-            multimodal_bytes=a.multimodal_bytes,
+            multimodal_bytes=a.multimodal_bytes + a.vision_tower_bytes,
             expert_weights_bytes=a.expert_weights_bytes,
             experts_per_gpu=a.experts_per_gpu,
         )

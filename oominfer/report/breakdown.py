@@ -110,6 +110,8 @@ def _addition_rows(b: MemoryBreakdown) -> list[tuple[str, str]]:
                      f"{format_bytes(draft)} (+{kv} KV per token)"))  # fmt: skip
     if a.lora_bytes:
         rows.append(("  LoRA slots", format_bytes(a.lora_bytes)))
+    if a.vision_tower_bytes:
+        rows.append(("  vision tower", format_bytes(a.vision_tower_bytes)))
     if a.multimodal_bytes:
         rows.append(("  encoder cache", format_bytes(a.multimodal_bytes)))
     if a.experts_per_gpu:
