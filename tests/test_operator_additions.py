@@ -357,3 +357,28 @@ def test_the_vision_tower_is_counted_where_the_weights_lack_it() -> None:
     assert unbuilt.additions.vision_tower_bytes == 0
     assert unbuilt.kv_cache_bytes > b.kv_cache_bytes
     assert of(LLAMA_8B).additions.vision_tower_bytes == 0
+
+
+def test_a_data_parallel_plan_asks_kubernetes_for_every_engines_gpus(tmp_path: Path) -> None:
+    """GPUs = tensor x pipeline x data parallel: two DP engines of one GPU each."""
+    plan = tmp_path / "plan.json"
+    fitted = invoke("fit", "mistralai/Mixtral-8x7B-Instruct-v0.1", "--gpu", "H100", "--gpus",
+                    "2", "--enable-expert-parallel", "--no-verify", "-o", str(plan))  # fmt: skip
+    assert fitted.exit_code == 0, fitted.output
+    data = json.loads(plan.read_text())
+    data["settings"].update(tensor_parallel_size=1, data_parallel_size=2)
+    plan.write_text(json.dumps(data))
+    out = tmp_path / "k8s"
+    rendered = invoke("k8s", str(plan), "-o", str(out))
+    assert rendered.exit_code == 0, rendered.output
+    pod = yaml.safe_load((out / "deployment.yaml").read_text())["spec"]["template"]
+    [container] = pod["spec"]["containers"]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "2"
+    args = shlex.split(pod["metadata"]["annotations"]["oominfer.dev/engine-args"])
+    assert args[args.index("--data-parallel-size") + 1] == "2"
+    assert "--enable-expert-parallel" in args
+    data["gpu"]["count"] = 1
+    plan.write_text(json.dumps(data))
+    refused = invoke("k8s", str(plan), "-o", str(tmp_path / "k8s-1"))
+    assert refused.exit_code != 0
+    assert "x data 2" in refused.output

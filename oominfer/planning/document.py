@@ -332,7 +332,9 @@ def _check_layout(plan: Plan, source: str) -> None:
         raise PlanError(f"{source} is malformed: {err}.", hint=_REFIT) from None
     why = None
     if plan.device == "cuda" and gpus is not None and s.world_size > gpus:
-        why = f"needs {s.world_size} GPUs (tensor {tp} x pipeline {pp}) but records {gpus}"
+        dp = s.data_parallel_size
+        layout = f"tensor {tp} x pipeline {pp}" + (f" x data {dp}" if dp > 1 else "")
+        why = f"needs {s.world_size} GPUs ({layout}) but records {gpus}"
     elif heads is not None and heads % tp:
         why = f"tensor_parallel_size {tp} does not divide the model's {heads} attention heads"
     elif layers is not None and pp > layers:
