@@ -382,3 +382,15 @@ def test_a_data_parallel_plan_asks_kubernetes_for_every_engines_gpus(tmp_path: P
     refused = invoke("k8s", str(plan), "-o", str(tmp_path / "k8s-1"))
     assert refused.exit_code != 0
     assert "x data 2" in refused.output
+
+
+def test_the_lora_cpu_cache_is_host_memory_of_max_cpu_loras_adapters() -> None:
+    """16 adapters of rank 64 on Llama-3.1-8B, whole: 16 x 167,772,160 elements x 2 bytes
+    (the per-slot count of test_lora_slots_by_hand) = 5 GiB of host memory, none of it
+    taken from the GPU's KV cache."""
+    spec, tp2 = load_spec(LLAMA_8B), Hardware.from_gpu("L4", 2)
+    s = dict(enable_lora=True, max_loras=4, max_lora_rank=64)
+    b = of(LLAMA_8B, tp2, tensor_parallel_size=2, max_cpu_loras=16, **s)
+    assert b.additions.lora_cpu_cache_bytes == 16 * 167_772_160 * 2
+    assert b.kv_cache_bytes == of(LLAMA_8B, tp2, tensor_parallel_size=2, **s).kv_cache_bytes
+    assert spec.num_layers == 32

@@ -9,6 +9,7 @@ graphs.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass
@@ -44,6 +45,8 @@ class Additions:
     """CUDA graphs captured for the draft's layers."""
     lora_bytes: int = 0
     """max_loras GPU slots of max_lora_rank on every target module, plus punica's buffer."""
+    lora_cpu_cache_bytes: int = 0
+    """Host memory of the adapters cached on the CPU (not on the GPU)."""
     multimodal_bytes: int = 0
     """The encoder cache: embeddings of the largest multimodal batch vLLM profiles."""
     vision_tower_bytes: int = 0
@@ -175,7 +178,24 @@ def lora_slot_bytes(spec: ModelSpec, s: EngineSettings, *, dtype: str, tokens: i
     """
     if not s.enable_lora:
         return 0
-    tp, rank, slots = s.tensor_parallel_size, s.max_lora_rank, s.max_loras
+    per_slot = _lora_slot_elements(spec, s)
+    buffer = LORA_FP32_SLICES * tokens * s.max_lora_rank * 4
+    return s.max_loras * per_slot * dtype_bytes(dtype) + buffer
+
+
+def lora_cpu_cache_bytes(spec: ModelSpec, s: EngineSettings, *, dtype: str) -> int:
+    """Host memory of the LoRA CPU cache: ``max_cpu_loras`` (default ``max_loras``) adapters
+    of up to ``max_lora_rank`` on every target module, whole (vllm/lora/model_manager.py
+    ``LRUCacheLoRAModelManager``). Not GPU memory: the pod's memory, not the KV cache."""
+    if not s.enable_lora:
+        return 0
+    whole = dataclasses.replace(s, tensor_parallel_size=1)
+    return (s.max_cpu_loras or s.max_loras) * _lora_slot_elements(spec, whole) * dtype_bytes(dtype)
+
+
+def _lora_slot_elements(spec: ModelSpec, s: EngineSettings) -> int:
+    """Elements of one LoRA slot on one GPU (see ``lora_slot_bytes``)."""
+    tp, rank = s.tensor_parallel_size, s.max_lora_rank
     h, hd = spec.hidden_size, spec.head_dim
     q, kv = spec.num_attention_heads * hd, spec.num_kv_heads * hd
 
@@ -193,9 +213,7 @@ def lora_slot_bytes(spec: ModelSpec, s: EngineSettings, *, dtype: str, tokens: i
         inter = spec.intermediate_size
         mlp = 2 * column(h, inter) + row(inter, h)
     attn_layers = sum(1 for k in spec.layer_kinds if k in ATTENTION_KINDS)
-    per_slot = attention * attn_layers + mlp * spec.num_layers
-    buffer = LORA_FP32_SLICES * tokens * rank * 4
-    return slots * per_slot * dtype_bytes(dtype) + buffer
+    return attention * attn_layers + mlp * spec.num_layers
 
 
 def mm_item_count(limits: dict[str, Any]) -> int | None:

@@ -28,6 +28,7 @@ from oominfer.memory.additions import (
     draft,
     draft_graph_bytes,
     expert_share,
+    lora_cpu_cache_bytes,
     lora_slot_bytes,
     multimodal_bytes,
     vision_tower_bytes,
@@ -289,6 +290,7 @@ def _additions(
             proposer.layers * proposer.kv_bytes_per_token_layer if proposer else 0
         ),
         lora_bytes=lora_slot_bytes(spec, s, dtype=dtype, tokens=batched),
+        lora_cpu_cache_bytes=lora_cpu_cache_bytes(spec, s, dtype=dtype),
         multimodal_bytes=multimodal_bytes(spec, s, dtype=dtype, tokens=batched),
         vision_tower_bytes=vision_tower_bytes(spec, s, dtype=dtype),
         data_parallel_size=s.data_parallel_size,

@@ -49,6 +49,8 @@ class Prediction:
     """KV the draft adds to each token (within kv_bytes_per_token)."""
     lora_bytes: int = 0
     """LoRA slots: max_loras x max_lora_rank on every target module, plus punica's buffer."""
+    lora_cpu_cache_bytes: int = 0
+    """Host memory of the LoRA CPU cache (max_cpu_loras adapters; not counted per GPU)."""
     multimodal_bytes: int = 0
     """The multimodal encoder cache, and the vision tower where the weights lack it."""
     expert_weights_bytes: int = 0
@@ -81,6 +83,7 @@ class Prediction:
             speculative_bytes=a.speculative_weights_bytes + a.speculative_graph_bytes,
             speculative_kv_bytes_per_token=a.speculative_kv_bytes_per_token,
             lora_bytes=a.lora_bytes,
+            lora_cpu_cache_bytes=a.lora_cpu_cache_bytes,
             multimodal_bytes=a.multimodal_bytes + a.vision_tower_bytes,
             expert_weights_bytes=a.expert_weights_bytes,
             experts_per_gpu=a.experts_per_gpu,

@@ -109,7 +109,9 @@ def _addition_rows(b: MemoryBreakdown) -> list[tuple[str, str]]:
         rows.append((f"  draft ({a.speculative_method})",
                      f"{format_bytes(draft)} (+{kv} KV per token)"))  # fmt: skip
     if a.lora_bytes:
-        rows.append(("  LoRA slots", format_bytes(a.lora_bytes)))
+        host = format_bytes(a.lora_cpu_cache_bytes)
+        rows.append(("  LoRA slots", f"{format_bytes(a.lora_bytes)} (CPU cache: {host} of host "
+                     "memory)"))  # fmt: skip
     if a.vision_tower_bytes:
         rows.append(("  vision tower", format_bytes(a.vision_tower_bytes)))
     if a.multimodal_bytes:
