@@ -15,7 +15,7 @@ import yaml
 from _pure_fixtures import offline_hub  # noqa: F401 - autouse fixture
 from click.testing import CliRunner, Result
 
-from oominfer.base.errors import InvalidSettingError
+from oominfer.base.errors import InvalidSettingError, ModelNotFoundError
 from oominfer.cli import main
 from oominfer.hardware.hardware import Hardware
 from oominfer.memory.additions import lora_slot_bytes, multimodal_bytes
@@ -394,3 +394,9 @@ def test_the_lora_cpu_cache_is_host_memory_of_max_cpu_loras_adapters() -> None:
     assert b.additions.lora_cpu_cache_bytes == 16 * 167_772_160 * 2
     assert b.kv_cache_bytes == of(LLAMA_8B, tp2, tensor_parallel_size=2, **s).kv_cache_bytes
     assert spec.num_layers == 32
+
+
+def test_a_draft_nowhere_to_be_found_is_named_as_the_draft() -> None:
+    config = '{"model": "nobody/unknown-draft", "num_speculative_tokens": 4}'
+    with pytest.raises(ModelNotFoundError, match="draft model of --speculative-config"):
+        of(LLAMA_8B, speculative_config=config)

@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Final
 
-from oominfer.base.errors import InvalidSettingError
+from oominfer.base.errors import InvalidSettingError, ModelNotFoundError
 from oominfer.memory.dtypes import dtype_bytes
 from oominfer.memory.kv import kv_bytes_per_token_layer
 from oominfer.memory.profile import GRAPH_BYTES_PER_LAYER_AND_SIZE
@@ -104,8 +104,10 @@ def draft(
       hidden); the embedding and LM head are shared with the target.
     - draft_model: a whole model, resolved like any model (``load_spec``).
 
+    ``rules.speculative.refusal`` has checked ``config`` first (a model where one is needed).
+
     Raises:
-        InvalidSettingError: a method with no model to draft with.
+        ModelNotFoundError: a draft model that no folder, catalog entry or the Hub has.
     """
     method = speculative_method(spec, config)
     if method is None or method in NO_MODEL_METHODS:
@@ -131,7 +133,12 @@ def draft(
         weights = _layer_bytes(spec, dtype, None) + fused * spec.hidden_size**2 * elem
         return Draft(method=method, weights_bytes=weights, layers=1,
                      kv_bytes_per_token_layer=per_layer_kv)  # fmt: skip
-    model = load_spec(name)
+    try:
+        model = load_spec(name)
+    except ModelNotFoundError as err:
+        raise ModelNotFoundError(
+            f"the draft model of {flag('speculative_config')}: {err}", hint=err.hint
+        ) from None
     return Draft(
         method=method,
         weights_bytes=weights_bytes(model, dtype=dtype),
