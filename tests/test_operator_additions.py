@@ -400,3 +400,16 @@ def test_a_draft_nowhere_to_be_found_is_named_as_the_draft() -> None:
     config = '{"model": "nobody/unknown-draft", "num_speculative_tokens": 4}'
     with pytest.raises(ModelNotFoundError, match="draft model of --speculative-config"):
         of(LLAMA_8B, speculative_config=config)
+
+
+@pytest.mark.parametrize("gpus", [2, 4, 8])
+def test_fit_keeps_a_data_parallel_size_and_counts_the_server_as_one_replica(gpus: int) -> None:
+    mixtral = "mistralai/Mixtral-8x7B-Instruct-v0.1"
+    fitted = invoke("fit", mixtral, "--gpu", "H100", "--gpus", str(gpus), "-dp", "2",
+                    "--enable-expert-parallel", "--no-verify", "--json")  # fmt: skip
+    assert fitted.exit_code == 0, fitted.output
+    plan = json.loads(fitted.stdout)
+    s = plan["settings"]
+    assert (s["data_parallel_size"], s["enable_expert_parallel"]) == (2, True)
+    used = s["tensor_parallel_size"] * s["pipeline_parallel_size"] * s["data_parallel_size"]
+    assert used * plan["replicas"] == gpus

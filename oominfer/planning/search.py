@@ -112,6 +112,7 @@ def estimate_for(
 OPERATOR_SETTINGS: Final = (
     "speculative_config", "enable_lora", "max_loras", "max_lora_rank", "max_cpu_loras",
     "limit_mm_per_prompt", "enable_prefix_caching", "enable_expert_parallel",
+    "data_parallel_size",
 )  # fmt: skip
 """What the operator adds to the deployment (memory/additions.py): no lever turns them, every
 candidate carries them as given."""
@@ -249,7 +250,8 @@ def settle(
     found = Candidate(
         settings=settings,
         breakdown=b,
-        replicas=replicas(layout, hardware),
+        # Data parallel engines live inside one server: a replica is the whole server.
+        replicas=max(1, replicas(layout, hardware) // settings.data_parallel_size),
         typical_length=c.typical_length,
     )
     if c.concurrency and found.total_running < c.concurrency:
