@@ -81,6 +81,7 @@ class Draft:
     layers: int
     """Layers of the draft that keep a KV cache (and are captured in graphs)."""
     kv_bytes_per_token_layer: int
+    hidden_size: int
 
 
 def draft(
@@ -120,7 +121,8 @@ def draft(
             _layer_bytes(spec, dtype, quantization) + 2 * spec.hidden_size**2 * elem
         )
         return Draft(method=method, weights_bytes=weights, layers=layers,
-                     kv_bytes_per_token_layer=per_layer_kv)  # fmt: skip
+                     kv_bytes_per_token_layer=per_layer_kv,
+                     hidden_size=spec.hidden_size)  # fmt: skip
     name = str(config["model"])
     if method in ("eagle", "eagle3"):
         head = _known_spec(name)
@@ -128,11 +130,13 @@ def draft(
             shared = head.params.embedding + head.params.lm_head
             layer_kv = kv_bytes_per_token_layer(head, kv_bytes=kv_bytes, tp=tp, version=version)
             return Draft(method=method, weights_bytes=max(0, head.params.total - shared) * elem,
-                         layers=head.num_layers, kv_bytes_per_token_layer=layer_kv)  # fmt: skip
+                         layers=head.num_layers, kv_bytes_per_token_layer=layer_kv,
+                         hidden_size=head.hidden_size)  # fmt: skip
         fused = 3 if method == "eagle3" else 2
         weights = _layer_bytes(spec, dtype, None) + fused * spec.hidden_size**2 * elem
         return Draft(method=method, weights_bytes=weights, layers=1,
-                     kv_bytes_per_token_layer=per_layer_kv)  # fmt: skip
+                     kv_bytes_per_token_layer=per_layer_kv,
+                     hidden_size=spec.hidden_size)  # fmt: skip
     try:
         model = load_spec(name)
     except ModelNotFoundError as err:
@@ -146,6 +150,7 @@ def draft(
         kv_bytes_per_token_layer=kv_bytes_per_token_layer(
             model, kv_bytes=kv_bytes, tp=tp, version=version
         ),
+        hidden_size=model.hidden_size,
     )
 
 
@@ -168,9 +173,12 @@ def _layer_bytes(spec: ModelSpec, dtype: str, quantization: str | None) -> int:
     return int(p.layer_linear[-1] * linear + p.layer_experts[-1] * quant + p.layer_other[-1] * elem)
 
 
-def draft_graph_bytes(d: Draft, graph_sizes: int) -> int:
-    """CUDA graphs of the draft: the same per-layer and per-size cost as the target's."""
-    return GRAPH_BYTES_PER_LAYER_AND_SIZE * d.layers * graph_sizes
+def draft_graph_bytes(d: Draft, graph_sizes: int, *, target_hidden: int) -> int:
+    """CUDA graphs of the draft: the target's cost per layer and captured size, scaled by
+    the draft's width (a captured graph holds its layers' outputs for the batch size, so
+    its memory grows with the hidden size; the constant is fitted on models ~4096 wide)."""
+    per_layer = GRAPH_BYTES_PER_LAYER_AND_SIZE * d.hidden_size // max(target_hidden, 1)
+    return per_layer * d.layers * graph_sizes
 
 
 def lora_slot_bytes(spec: ModelSpec, s: EngineSettings, *, dtype: str, tokens: int) -> int:

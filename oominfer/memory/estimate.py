@@ -169,7 +169,10 @@ def estimate(
     graph_sizes = capture_sizes(seqs, batched, largest=max_capture_size(gpu, spec))
     if proposer is not None and device == "cuda" and not s.enforce_eager:
         extra = dataclasses.replace(
-            extra, speculative_graph_bytes=draft_graph_bytes(proposer, graph_sizes)
+            extra,
+            speculative_graph_bytes=draft_graph_bytes(
+                proposer, graph_sizes, target_hidden=spec.hidden_size
+            ),
         )
     expert_stages = stage_expert_bytes(spec, dtype=dtype, quantization=s.quantization, pp=pp)
     block = block_size(spec, gpu, device=device, kv_cache_dtype=s.kv_cache_dtype)
