@@ -22,6 +22,8 @@ from oominfer.memory.additions import lora_slot_bytes, multimodal_bytes
 from oominfer.memory.breakdown import MemoryBreakdown
 from oominfer.memory.estimate import estimate
 from oominfer.model.load import load_spec
+from oominfer.planning.document import Plan
+from oominfer.serving.extra import merge_extra
 from oominfer.settings import EngineSettings, engine_args
 
 LLAMA_8B = "meta-llama/Llama-3.1-8B-Instruct"
@@ -414,3 +416,40 @@ def test_fit_keeps_a_data_parallel_size_and_counts_the_server_as_one_replica(gpu
     assert (s["data_parallel_size"], s["enable_expert_parallel"]) == (2, True)
     used = s["tensor_parallel_size"] * s["pipeline_parallel_size"] * s["data_parallel_size"]
     assert used * plan["replicas"] == gpus
+
+
+LORA_PLAN = Plan(
+    model_id=LLAMA_8B,
+    settings=EngineSettings(max_model_len=8192, enable_lora=True, max_loras=4, max_lora_rank=64),
+)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["--enable-lora", "--max-loras", "4"],  # the plan's own values
+        ["--max-lora-rank=64", "--seed", "1"],
+        ["--max-cpu-loras", "16"],  # host memory only
+        ["--enable-prefix-caching"],
+    ],
+)
+def test_extra_flags_that_keep_the_plans_memory_pass(extra: list[str]) -> None:
+    merge_extra(LORA_PLAN, extra)
+
+
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [
+        (["--max-loras", "8"], "contradicts the plan"),
+        (["--max-lora-rank", "128"], "contradicts the plan"),
+        (["--speculative-config", DRAFT], "changes the GPU memory"),
+        (["--enable-expert-parallel"], "changes the GPU memory"),
+        (["--data-parallel-size", "2"], "changes the GPU memory"),
+        (["--limit-mm-per-prompt", '{"image": 4}'], "changes the GPU memory"),
+    ],
+)
+def test_extra_flags_that_change_the_plans_memory_are_refused(extra: list[str], words: str) -> None:
+    """After `oominfer serve plan.json --`, an addition the plan did not count would take
+    memory the verified KV cache holds."""
+    with pytest.raises(InvalidSettingError, match=words):
+        merge_extra(LORA_PLAN, extra)
