@@ -453,3 +453,22 @@ def test_extra_flags_that_change_the_plans_memory_are_refused(extra: list[str], 
     memory the verified KV cache holds."""
     with pytest.raises(InvalidSettingError, match=words):
         merge_extra(LORA_PLAN, extra)
+
+
+def test_prefix_caching_and_drafts_change_a_hybrids_state_blocks() -> None:
+    """Nemotron-H (Mamba2): prefix caching on (vLLM's default) keeps 2 + 1 checkpoint state
+    blocks per request; off, one; each drafted token adds one."""
+    model, h100 = "nvidia/Nemotron-H-56B-Base-8K", Hardware.from_gpu("H100-SXM-80GB", 2)
+    kw: dict[str, Any] = {"tensor_parallel_size": 2}
+    blocks = [
+        of(model, h100, **kw, **extra).layout.state_blocks  # type: ignore[union-attr]
+        for extra in (
+            {},
+            {"enable_prefix_caching": False},
+            {"speculative_config": '{"method": "ngram", "num_speculative_tokens": 3}'},
+        )
+    ]
+    assert blocks == [3, 1, 6]
+    # Fewer state blocks per request: more requests fit.
+    on, off = of(model, h100, **kw), of(model, h100, **kw, enable_prefix_caching=False)
+    assert off.requests_at(8192) > on.requests_at(8192)

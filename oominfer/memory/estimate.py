@@ -31,6 +31,7 @@ from oominfer.memory.additions import (
     lora_cpu_cache_bytes,
     lora_slot_bytes,
     multimodal_bytes,
+    state_blocks,
     vision_tower_bytes,
 )
 from oominfer.memory.breakdown import MemoryBreakdown
@@ -176,7 +177,7 @@ def estimate(
         )
     expert_stages = stage_expert_bytes(spec, dtype=dtype, quantization=s.quantization, pp=pp)
     block = block_size(spec, gpu, device=device, kv_cache_dtype=s.kv_cache_dtype)
-    state_blocks = state_blocks_per_request(spec, gpu, version)
+    blocks_of_state = state_blocks(state_blocks_per_request(spec, gpu, version), s)
     seen: dict[tuple[int, tuple[str, ...]], MemoryBreakdown] = {}
     for index, (stage_bytes, layers) in enumerate(zip(stages, ranges, strict=True)):
         kinds = tuple(spec.layer_kinds[i] for i in layers)
@@ -211,7 +212,7 @@ def estimate(
             block=block,
             batched=batched,
             pp=pp,
-            state_blocks=max(state_blocks, 1),
+            state_blocks=max(blocks_of_state, 1),
         )
         if layout is not None and added.speculative_kv_bytes_per_token:
             # The draft's layers page into the same pool: every block holds them too.
