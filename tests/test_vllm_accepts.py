@@ -22,7 +22,11 @@ import pytest
 from conftest import vllm_import_error
 from vllm_validate import CLASSES, COUNTS, PREFERS, Case, Report, catalog_matrix, validate
 
+import oominfer
+from oominfer.hardware.hardware import Hardware
 from oominfer.model.catalog import catalog_ids
+from oominfer.planning.constraints import Constraints
+from oominfer.settings import engine_args
 
 CASES = catalog_matrix()
 
@@ -50,6 +54,16 @@ CPU, transformers), imports beside the CPU torch (bench/vllm_accepts.py says how
 # platform really is the GPU named (capability, GPUs per node), that a rejection is seen, and
 # that each version's own rules are the ones applied.
 # name -> (GPU kind, GPUs, flags, {version: a piece of vLLM's message, or None: accepted})
+MIXTRAL = "mistralai/Mixtral-8x7B-Instruct-v0.1"
+
+
+def _planned_flags(model: str, gpu: str, count: int, **requested: object) -> tuple[str, ...]:
+    """The engine flags of oominfer's own plan with these operator settings (issue 17)."""
+    hardware = Hardware.from_gpu(gpu, count)
+    plan = oominfer.plan(model, hardware, Constraints(requested=requested))
+    return tuple(engine_args(plan.settings))
+
+
 CONTROLS: dict[str, tuple[str, int, tuple[str, ...], dict[str, str | None]]] = {
     "accepted": ("H100-SXM-80GB", 1, ("--dtype", "bfloat16"), {"0.32": None, "0.33": None}),
     "heads": (
@@ -109,6 +123,69 @@ CONTROLS: dict[str, tuple[str, int, tuple[str, ...], dict[str, str | None]]] = {
         ("--dtype", "bfloat16", "--kv-cache-dtype", "float16"),
         {"0.32": None, "0.33": 'kv_cache_dtype="float16" is incompatible with dtype="bfloat16"'},
     ),
+    # Operator additions (issue 17): each refusal oominfer's rules make, in vLLM's words.
+    "lora": (
+        "L4-24GB",
+        1,
+        ("--enable-lora", "--max-loras", "4", "--max-lora-rank", "64"),
+        {"0.32": None, "0.33": None},
+    ),
+    "lora rank": (
+        "L4-24GB",
+        1,
+        ("--enable-lora", "--max-lora-rank", "48"),
+        dict.fromkeys(ENGINES, "invalid choice"),
+    ),
+    "cpu loras": (
+        "L4-24GB",
+        1,
+        ("--enable-lora", "--max-loras", "4", "--max-cpu-loras", "2"),
+        dict.fromkeys(ENGINES, "max_cpu_loras (2) must be >= max_loras (4)"),
+    ),
+    "expert parallel on a dense model": (
+        "H100-SXM-80GB",
+        2,
+        ("--tensor-parallel-size", "2", "--enable-expert-parallel"),
+        dict.fromkeys(ENGINES, "Number of experts in the model must be greater than 0"),
+    ),
+    "ngram": (
+        "L4-24GB",
+        1,
+        (
+            "--speculative-config",
+            '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}',
+            "--no-enable-prefix-caching",
+        ),
+        {"0.32": None, "0.33": None},
+    ),
+    "speculative without a draft": (
+        "L4-24GB",
+        1,
+        ("--speculative-config", '{"method": "eagle", "num_speculative_tokens": 4}'),
+        dict.fromkeys(ENGINES, "without speculative model"),
+    ),
+    # Plans oominfer writes with operator additions: vLLM accepts each.
+    "lora plan": (
+        "L4-24GB",
+        1,
+        _planned_flags(
+            "meta-llama/Llama-3.1-8B-Instruct",
+            "L4-24GB",
+            1,
+            enable_lora=True,
+            max_loras=4,
+            max_lora_rank=64,
+        ),
+        {"0.32": None, "0.33": None},
+    ),
+    "expert parallel plan": (
+        "H100-SXM-80GB",
+        2,
+        _planned_flags(
+            MIXTRAL, "H100-SXM-80GB", 2, enable_expert_parallel=True, enable_prefix_caching=False
+        ),
+        {"0.32": None, "0.33": None},
+    ),
     "unknown flag": (
         "A100-SXM-80GB",
         1,
@@ -120,7 +197,9 @@ CONTROLS: dict[str, tuple[str, int, tuple[str, ...], dict[str, str | None]]] = {
 
 def _control(name: str) -> Case:
     gpu, count, _, _ = CONTROLS[name]
-    model = "microsoft/phi-4" if name == "kv heads" else "meta-llama/Llama-3.1-8B-Instruct"
+    model = {"kv heads": "microsoft/phi-4", "expert parallel plan": MIXTRAL}.get(
+        name, "meta-llama/Llama-3.1-8B-Instruct"
+    )
     return Case(model, gpu, count, f"control {name}")
 
 

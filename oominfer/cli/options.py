@@ -7,6 +7,7 @@ type, validation and help cannot drift apart.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any, Final, TypeVar, get_args
 
@@ -24,7 +25,15 @@ from oominfer.edge.limits import (
 )
 from oominfer.hardware.hardware import Hardware
 from oominfer.planning.constraints import PRACTICAL_CONTEXT, Constraints, Prefer
-from oominfer.settings import DECLARED, DEVICES, ENGINES, Declared, Device, EngineSettings
+from oominfer.settings import (
+    DECLARED,
+    DEVICES,
+    ENGINES,
+    Declared,
+    Device,
+    EngineSettings,
+    compact_json,
+)
 from oominfer.speed.workload import CONCURRENCY as CONCURRENCY_DEFAULT
 from oominfer.speed.workload import INPUT_LEN as INPUT_LEN_DEFAULT
 from oominfer.speed.workload import OUTPUT_LEN as OUTPUT_LEN_DEFAULT
@@ -101,9 +110,48 @@ class Size(click.ParamType[int]):
         return value if isinstance(value, int) else parse_size(str(value))
 
 
+class JsonObject(click.ParamType[str]):
+    """A JSON object, as vLLM's ``json.loads`` option type reads it (``--speculative-config``,
+    ``--limit-mm-per-prompt``); held as compact JSON text."""
+
+    name = "JSON"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        """The object, re-dumped on one line."""
+        try:
+            parsed = json.loads(value) if isinstance(value, str) else value
+        except ValueError as err:
+            self.fail(f"{value!r} is not valid JSON ({err}).", param, ctx)
+        if not isinstance(parsed, dict):
+            self.fail(f"{value!r} is not a JSON object.", param, ctx)
+        return compact_json(parsed)
+
+
+class NumberChoice(click.ParamType[int]):
+    """One of a closed set of integers (``--max-lora-rank``: vLLM's ``MaxLoRARanks``)."""
+
+    def __init__(self, choices: tuple[int, ...]) -> None:
+        self.choices = choices
+        self.name = "[" + "|".join(map(str, choices)) + "]"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        """The number, if it is one of the choices."""
+        try:
+            number = int(value)
+        except (TypeError, ValueError):
+            number = None
+        if number not in self.choices:
+            self.fail(f"{value!r} is not one of {', '.join(map(str, self.choices))}.", param, ctx)
+        return number
+
+
 def _param_type(d: Declared) -> click.ParamType[Any]:
+    if d.choices and d.kind is int:
+        return NumberChoice(d.choices)
     if d.choices:
         return click.Choice(d.choices)
+    if d.unit == "json":
+        return JsonObject()
     if d.unit == "tokens":
         return Tokens(auto=d.name == "max_model_len")
     if d.unit == "bytes":
@@ -122,6 +170,10 @@ def setting_option(d: Declared, *, requirement: bool) -> Callable[[F], F]:
     Otherwise (estimate) the option takes the setting's default.
     """
     names = [d.flag, *([d.short] if d.short else [])]
+    if d.negatable:
+        # vLLM's BooleanOptionalAction: --x / --no-x, None (vLLM decides) when neither.
+        both = f"{d.flag}/--no-{d.flag[2:]}"
+        return click.option(both, d.name, default=None, help=d.help)
     if d.kind is bool:
         default = None if requirement else d.default
         return click.option(*names, d.name, is_flag=True, default=default, help=d.help)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from oominfer.memory.additions import Additions
 from oominfer.memory.kv import KvLayout
 from oominfer.settings import Engine
 
@@ -51,6 +52,9 @@ class MemoryBreakdown:
     """The pipeline stage these figures are of: the one that holds the fewest KV blocks."""
     layout: KvLayout | None = field(default=None, compare=False, repr=False)
     """How the paged cache is laid out (None for the transformers engine)."""
+    additions: Additions = field(default_factory=Additions)
+    """What operators add: a speculative draft, LoRA slots, the encoder cache, MoE experts'
+    split (memory/additions.py)."""
 
     @property
     def non_kv_bytes(self) -> int:
@@ -59,7 +63,8 @@ class MemoryBreakdown:
             self.weights_bytes
             + self.activation_bytes
             + self.non_torch_bytes
-            + (self.cuda_graph_bytes)
+            + self.cuda_graph_bytes
+            + self.additions.non_kv_bytes
         )
 
     @property

@@ -15,11 +15,25 @@ shared/calibration (``bench/calibration.py`` prints the fit).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from oominfer.base.errors import InvalidSettingError
 from oominfer.base.units import GiB
 from oominfer.hardware.hardware import Hardware
+from oominfer.memory.additions import (
+    Additions,
+    Draft,
+    check_additions,
+    draft,
+    draft_graph_bytes,
+    expert_share,
+    lora_cpu_cache_bytes,
+    lora_slot_bytes,
+    multimodal_bytes,
+    state_blocks,
+    vision_tower_bytes,
+)
 from oominfer.memory.breakdown import MemoryBreakdown
 from oominfer.memory.dtypes import dtype_bytes, kv_dtype_bytes
 from oominfer.memory.kv import (
@@ -36,10 +50,16 @@ from oominfer.memory.profile import (
     vllm_defaults,
 )
 from oominfer.memory.transformers import transformers_breakdown
-from oominfer.memory.weights import pp_layer_ranges, resolve_dtype, stage_weights
+from oominfer.memory.weights import (
+    pp_layer_ranges,
+    resolve_dtype,
+    stage_expert_bytes,
+    stage_weights,
+)
 from oominfer.model.spec import ATTENTION_KINDS, STATE_KINDS, ModelSpec
 from oominfer.rules import kv_cache as kv_cache_rules
 from oominfer.rules import quantization as quantization_rules
+from oominfer.rules import speculative as speculative_rules
 from oominfer.rules.attention import (
     block_size,
     max_capture_size,
@@ -77,6 +97,7 @@ def estimate(
     device = hardware.device
     tp, pp = s.tensor_parallel_size, s.pipeline_parallel_size
     _check_parallel(spec, s, hardware)
+    check_additions(spec, s, engine)
     gpu = hardware.gpu
     dtype = resolve_dtype(spec, gpu, s.dtype)
     elem = dtype_bytes(dtype)
@@ -98,7 +119,7 @@ def estimate(
             )
     kv_elem = kv_dtype_bytes(s.kv_cache_dtype, dtype)
     max_len = spec.context(s.max_model_len)
-    default_tokens, default_seqs = vllm_defaults(hardware, world_size=s.world_size)
+    default_tokens, default_seqs = vllm_defaults(hardware, world_size=s.model_world_size)
     seqs = s.max_num_seqs or default_seqs
     batched = s.max_num_batched_tokens or min(default_tokens, seqs * max_len)
     if not version.always_chunked_prefill and max_len <= 32768:
@@ -124,6 +145,10 @@ def estimate(
             elem=elem,
             tp=tp,
         )
+    _check_lora_with_drafts(s, seqs=seqs, batched=batched)
+    proposer, extra = _additions(
+        spec, s, dtype=dtype, kv_elem=kv_elem, batched=batched, version=version
+    )
     activation = activation_bytes(
         spec, tokens=batched, seqs=seqs, dtype_size=elem, tp=tp, version=version
     )
@@ -142,8 +167,22 @@ def estimate(
     # smallest block count among them (v1/core/kv_cache_utils.py get_kv_cache_configs), so
     # the stage with the fewest blocks decides.
     largest = max_capture_size(gpu, spec)
+    if proposer is not None and device == "cuda" and not s.enforce_eager:
+        extra = dataclasses.replace(
+            extra,
+            speculative_graph_bytes=draft_graph_bytes(
+                proposer,
+                gpu=gpu,
+                tp=tp,
+                max_num_seqs=seqs,
+                max_num_batched_tokens=batched,
+                largest=largest,
+                version=version,
+            ),
+        )
+    expert_stages = stage_expert_bytes(spec, dtype=dtype, quantization=s.quantization, pp=pp)
     block = block_size(spec, gpu, device=device, kv_cache_dtype=s.kv_cache_dtype)
-    state_blocks = state_blocks_per_request(spec, gpu, version)
+    blocks_of_state = state_blocks(state_blocks_per_request(spec, gpu, version), s)
     seen: dict[tuple[int, tuple[str, ...]], MemoryBreakdown] = {}
     for index, (stage_bytes, layers) in enumerate(zip(stages, ranges, strict=True)):
         kinds = tuple(spec.layer_kinds[i] for i in layers)
@@ -162,16 +201,23 @@ def estimate(
                 largest=largest,
                 version=version,
             )
+        experts, per_gpu = expert_share(spec, s, expert_stages[index])
+        if s.data_parallel_size > 1 or s.enable_expert_parallel:
+            stage_bytes = (stage_bytes - expert_stages[index]) + experts * tp
         weights = max(0, stage_bytes // tp - offload)
+        added = dataclasses.replace(extra, expert_weights_bytes=experts, experts_per_gpu=per_gpu)
+        in_budget_extra = added.non_kv_bytes - (
+            0 if version.graphs_in_budget else added.speculative_graph_bytes
+        )
         overcommitted = 0
         if s.kv_cache_memory_bytes is not None:
             kv_cache = s.kv_cache_memory_bytes
             if device == "cuda":  # vLLM does not check it (v1/worker/gpu_worker.py)
-                rest = weights + activation + non_torch + graphs
+                rest = weights + activation + non_torch + graphs + added.non_kv_bytes
                 overcommitted = rest + kv_cache - gpu.cuda_total_bytes
         else:
             in_budget = graphs if version.graphs_in_budget else 0
-            kv_cache = budget - weights - activation - non_torch - in_budget
+            kv_cache = budget - weights - activation - non_torch - in_budget - in_budget_extra
         layout = kv_layout(
             spec,
             kinds,
@@ -180,8 +226,15 @@ def estimate(
             block=block,
             batched=batched,
             pp=pp,
-            state_blocks=max(state_blocks, 1),
+            state_blocks=max(blocks_of_state, 1),
         )
+        if layout is not None and added.speculative_kv_bytes_per_token:
+            # The draft's layers page into the same pool: every block holds them too.
+            layout = dataclasses.replace(
+                layout,
+                bytes_per_block=layout.bytes_per_block
+                + added.speculative_kv_bytes_per_token * layout.block_size,
+            )
         num_blocks = kv_cache // layout.bytes_per_block if layout and kv_cache > 0 else 0
         # Block 0 is the pool's null block (vllm/v1/core/block_pool.py): a request can use
         # num_blocks - 1 (measured: 512 blocks of 128 tokens admit 65,408 tokens, not 65,536).
@@ -206,7 +259,8 @@ def estimate(
             non_torch_bytes=non_torch,
             cuda_graph_bytes=graphs,
             kv_cache_bytes=kv_cache,
-            kv_bytes_per_token=per_layer * sum(1 for k in kinds if k in ATTENTION_KINDS),
+            kv_bytes_per_token=per_layer * sum(1 for k in kinds if k in ATTENTION_KINDS)
+            + added.speculative_kv_bytes_per_token,
             state_bytes_per_seq=state_layer * sum(1 for k in kinds if k in STATE_KINDS),
             block_size=layout.block_size if layout else 0,
             kv_cache_tokens=tokens,
@@ -221,16 +275,70 @@ def estimate(
             overcommitted_bytes=max(0, overcommitted),
             pipeline_stage=index,
             layout=layout,
+            additions=added,
         )
     return min(seen.values(), key=lambda b: (b.usable_blocks, b.kv_cache_bytes))
+
+
+def _additions(
+    spec: ModelSpec,
+    s: EngineSettings,
+    *,
+    dtype: str,
+    kv_elem: int,
+    batched: int,
+    version: EngineVersion,
+) -> tuple[Draft | None, Additions]:
+    """The operator additions that do not depend on the pipeline stage (memory/additions.py);
+    the draft's graphs and the expert split are filled in per stage."""
+    refused = speculative_rules.refusal(spec, s.speculative)
+    if refused:
+        raise InvalidSettingError(
+            f"vLLM refuses {flag('speculative_config')} for {spec.model_id}: {refused}."
+        )
+    tp = s.tensor_parallel_size
+    proposer = draft(
+        spec, s.speculative, dtype=dtype, kv_bytes=kv_elem, tp=tp,
+        quantization=s.quantization, version=version,
+    )  # fmt: skip
+    return proposer, Additions(
+        speculative_method=speculative_rules.speculative_method(spec, s.speculative),
+        speculative_weights_bytes=proposer.weights_bytes // tp if proposer else 0,
+        speculative_kv_bytes_per_token=(
+            proposer.layers * proposer.kv_bytes_per_token_layer if proposer else 0
+        ),
+        lora_bytes=lora_slot_bytes(spec, s, dtype=dtype, tokens=batched),
+        lora_cpu_cache_bytes=lora_cpu_cache_bytes(spec, s, dtype=dtype),
+        multimodal_bytes=multimodal_bytes(spec, s, dtype=dtype, tokens=batched),
+        vision_tower_bytes=vision_tower_bytes(spec, s, dtype=dtype),
+        data_parallel_size=s.data_parallel_size,
+        prefix_caching=s.enable_prefix_caching,
+    )
+
+
+def _check_lora_with_drafts(s: EngineSettings, *, seqs: int, batched: int) -> None:
+    """vLLM refuses LoRA with speculative decoding when a step cannot hold every sequence's
+    drafted tokens (engine/arg_utils.py ``create_engine_config``: max_num_batched_tokens <
+    max_num_seqs x (num_speculative_tokens + 1))."""
+    drafted = s.speculative.get("num_speculative_tokens")
+    if not s.enable_lora or not isinstance(drafted, int):
+        return
+    need = seqs * (drafted + 1)
+    if batched < need:
+        raise InvalidSettingError(
+            f"vLLM refuses LoRA with {drafted} speculative tokens when "
+            f"{flag('max_num_batched_tokens')} {batched} is below {flag('max_num_seqs')} "
+            f"{seqs} x {drafted + 1} = {need}.",
+            hint=f"Use {flag('max_num_batched_tokens')} {need} or a lower {flag('max_num_seqs')}.",
+        )
 
 
 def _check_parallel(spec: ModelSpec, s: EngineSettings, hardware: Hardware) -> None:
     tp, pp = s.tensor_parallel_size, s.pipeline_parallel_size
     if s.world_size > hardware.count:
         raise InvalidSettingError(
-            f"tensor_parallel_size x pipeline_parallel_size = {s.world_size} needs "
-            f"{s.world_size} GPUs, but --gpus is {hardware.count}.",
+            f"tensor_parallel_size x pipeline_parallel_size x data_parallel_size = "
+            f"{s.world_size} needs {s.world_size} GPUs, but --gpus is {hardware.count}.",
             hint=f"Pass --gpus {s.world_size} or lower the parallel sizes.",
         )
     refused = tensor_parallel_refusal(spec, tp)

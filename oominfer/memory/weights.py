@@ -133,3 +133,17 @@ def stage_weights(spec: ModelSpec, *, dtype: str, quantization: str | None, pp: 
                 size += lm_head * scale + pad
         out.append(int(size))
     return out
+
+
+def stage_expert_bytes(
+    spec: ModelSpec, *, dtype: str, quantization: str | None, pp: int
+) -> list[int]:
+    """Routed-expert weights of each pipeline stage, whole, in the engine's format (the part
+    of ``stage_weights`` that expert and data parallelism split differently)."""
+    fmt = weight_format(spec, quantization)
+    quant = fmt.bytes_per_param if fmt is not None else dtype_bytes(dtype)
+    experts = spec.params.layer_experts
+    return [
+        int(sum(experts[i] for i in stage) * quant)
+        for stage in pp_layer_ranges(spec.num_layers, pp)
+    ]

@@ -167,9 +167,60 @@ def _parse(raw: Mapping[str, Any], *, model_id: str, checkpoint: Checkpoint, src
         state_elements_per_layer=state_elems,
         state_dtype=state_dtype,
         quantization=quant,
+        mtp_layers=r.integer("num_nextn_predict_layers", "mtp_num_hidden_layers", default=0),
+        mm_tokens_per_item=_mm_tokens_per_item(cfg),
+        vision_params=_vision_params(cfg, hidden),
         params=params,
         checkpoint=checkpoint,
         source=src,
+    )
+
+
+# Qwen2-VL's image processor: max_pixels 12,845,056 / (14 x 14 patches) / (2 x 2 merge).
+_DYNAMIC_RESOLUTION_TOKENS = 12_845_056 // (14 * 14) // 4
+
+
+def _mm_tokens_per_item(cfg: Mapping[str, Any]) -> int:
+    """The most language-model tokens one image becomes: ``mm_tokens_per_image`` (Gemma 3),
+    else (image_size / patch_size)^2 / spatial_merge_size^2 from ``vision_config`` (LLaVA:
+    (336 / 14)^2 = 576), else the dynamic-resolution maximum; 0 for a text-only model."""
+    given = cfg.get("mm_tokens_per_image")
+    if isinstance(given, int) and given > 0:
+        return given
+    vision = cfg.get("vision_config")
+    if not isinstance(vision, Mapping):
+        return 0
+    size, patch = vision.get("image_size"), vision.get("patch_size")
+    merge = vision.get("spatial_merge_size") or 1
+    if isinstance(size, int) and isinstance(patch, int) and patch > 0:
+        return (size // patch) ** 2 // (merge * merge)
+    return _DYNAMIC_RESOLUTION_TOKENS
+
+
+def _vision_params(cfg: Mapping[str, Any], text_hidden: int) -> int:
+    """The vision tower's parameters, by role from ``vision_config`` (ViT blocks of CLIP,
+    SigLIP, Qwen-VL): per layer 4 h^2 (attention) + 2 h x intermediate (MLP); the patch
+    embedding 3 p^2 h; a projector h x text hidden. Approximate: position embeddings, norms
+    and biases (under 1%) are left out. 0 without a ``vision_config``."""
+    vision = cfg.get("vision_config")
+    if not isinstance(vision, Mapping):
+        return 0
+
+    def number(*keys: str) -> int:
+        for key in keys:
+            value = vision.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+        return 0
+
+    layers = number("num_hidden_layers", "depth") + number("num_global_layers")
+    hidden = number("embed_dim", "width", "hidden_size")
+    inter = number("intermediate_size") or int(vision.get("mlp_ratio") or 4) * hidden
+    patch = number("patch_size")
+    return (
+        layers * (4 * hidden**2 + 2 * hidden * inter)
+        + 3 * patch**2 * hidden
+        + (hidden * text_hidden)
     )
 
 

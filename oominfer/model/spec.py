@@ -161,6 +161,14 @@ class ModelSpec:
     state_elements_per_layer: int = 0
     state_dtype: str | None = None
     quantization: QuantSpec | None = None
+    mtp_layers: int = 0
+    """Multi-token-prediction layers the checkpoint carries (``num_nextn_predict_layers``):
+    what ``--speculative-config '{"method": "mtp"}'`` drafts with."""
+    mm_tokens_per_item: int = 0
+    """Language-model tokens one image becomes, at most (0: a text-only model)."""
+    vision_params: int = 0
+    """Parameters of the vision tower and its projector, from ``vision_config`` (not in
+    ``params``, which counts the language model)."""
     params: ParamCounts
     checkpoint: Checkpoint = field(default_factory=Checkpoint)
     source: str = "config"

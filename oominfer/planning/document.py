@@ -44,10 +44,25 @@ class Prediction:
     fits: bool = False
     shortfall_bytes: int = 0
     overcommitted_bytes: int = 0
+    speculative_bytes: int = 0
+    """The speculative draft's weights and CUDA graphs (memory/additions.py)."""
+    speculative_kv_bytes_per_token: int = 0
+    """KV the draft adds to each token (within kv_bytes_per_token)."""
+    lora_bytes: int = 0
+    """LoRA slots: max_loras x max_lora_rank on every target module, plus punica's buffer."""
+    lora_cpu_cache_bytes: int = 0
+    """Host memory of the LoRA CPU cache (max_cpu_loras adapters; not counted per GPU)."""
+    multimodal_bytes: int = 0
+    """The multimodal encoder cache, and the vision tower where the weights lack it."""
+    expert_weights_bytes: int = 0
+    """Routed-expert weights on this GPU (within weights_bytes)."""
+    experts_per_gpu: int = 0
+    """Whole experts per GPU under expert parallel (0: experts sliced, or a dense model)."""
 
     @classmethod
     def of(cls, b: MemoryBreakdown) -> Prediction:
         """The recorded shape of one estimate."""
+        a = b.additions
         return cls(
             total_bytes=b.total_bytes,
             budget_bytes=b.budget_bytes,
@@ -66,6 +81,13 @@ class Prediction:
             fits=b.fits,
             shortfall_bytes=b.shortfall_bytes,
             overcommitted_bytes=b.overcommitted_bytes,
+            speculative_bytes=a.speculative_weights_bytes + a.speculative_graph_bytes,
+            speculative_kv_bytes_per_token=a.speculative_kv_bytes_per_token,
+            lora_bytes=a.lora_bytes,
+            lora_cpu_cache_bytes=a.lora_cpu_cache_bytes,
+            multimodal_bytes=a.multimodal_bytes + a.vision_tower_bytes,
+            expert_weights_bytes=a.expert_weights_bytes,
+            experts_per_gpu=a.experts_per_gpu,
         )
 
     @classmethod
@@ -79,8 +101,13 @@ class Prediction:
         """Everything but the KV cache."""
         return (
             self.weights_bytes + self.activation_bytes + self.non_torch_bytes
-            + self.cuda_graph_bytes
+            + self.cuda_graph_bytes + self.added_bytes
         )  # fmt: skip
+
+    @property
+    def added_bytes(self) -> int:
+        """What operators add beside the model: draft, LoRA slots, encoder cache."""
+        return self.speculative_bytes + self.lora_bytes + self.multimodal_bytes
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -320,7 +347,9 @@ def _check_layout(plan: Plan, source: str) -> None:
         raise PlanError(f"{source} is malformed: {err}.", hint=_REFIT) from None
     why = None
     if plan.device == "cuda" and gpus is not None and s.world_size > gpus:
-        why = f"needs {s.world_size} GPUs (tensor {tp} x pipeline {pp}) but records {gpus}"
+        dp = s.data_parallel_size
+        layout = f"tensor {tp} x pipeline {pp}" + (f" x data {dp}" if dp > 1 else "")
+        why = f"needs {s.world_size} GPUs ({layout}) but records {gpus}"
     elif heads is not None and heads % tp:
         why = f"tensor_parallel_size {tp} does not divide the model's {heads} attention heads"
     elif layers is not None and pp > layers:

@@ -114,6 +114,20 @@ def estimate_for(
     )
 
 
+OPERATOR_SETTINGS: Final = (
+    "speculative_config", "enable_lora", "max_loras", "max_lora_rank", "max_cpu_loras",
+    "limit_mm_per_prompt", "enable_prefix_caching", "enable_expert_parallel",
+    "data_parallel_size",
+)  # fmt: skip
+"""What the operator adds to the deployment (memory/additions.py): no lever turns them, every
+candidate carries them as given."""
+
+
+def operator_settings(c: Constraints) -> dict[str, object]:
+    """The operator additions the user named, for every candidate's settings."""
+    return {name: c.requested[name] for name in OPERATOR_SETTINGS if name in c.requested}
+
+
 def _utilization(c: Constraints) -> float:
     return c.gpu_memory_utilization or EngineSettings().gpu_memory_utilization
 
@@ -129,6 +143,7 @@ def default_settings(spec: ModelSpec, hardware: Hardware, c: Constraints) -> Eng
         max_num_seqs=seqs,
         kv_cache_memory_bytes=c.kv_cache_memory_bytes,
         allow_deprecated_quantization=_deprecated(spec),
+        **operator_settings(c),  # type: ignore[arg-type]
     )
 
 
@@ -240,7 +255,8 @@ def settle(
     found = Candidate(
         settings=settings,
         breakdown=b,
-        replicas=replicas(layout, hardware),
+        # Data parallel engines live inside one server: a replica is the whole server.
+        replicas=max(1, replicas(layout, hardware) // settings.data_parallel_size),
         typical_length=c.typical_length,
     )
     if c.concurrency and found.total_running < c.concurrency:
@@ -266,6 +282,7 @@ def anything_fits(spec: ModelSpec, hardware: Hardware, c: Constraints) -> bool:
                 tensor_parallel_size=layout.tp,
                 pipeline_parallel_size=layout.pp,
                 kv_cache_memory_bytes=c.kv_cache_memory_bytes,
+                **operator_settings(c),  # type: ignore[arg-type]
             )
             found = settle(spec, hardware, c, settings, layout)
             if found is not None and found.context >= floor:

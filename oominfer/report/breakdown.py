@@ -17,6 +17,7 @@ SEGMENTS = (
     ("activations", "▓", "magenta"),
     ("non-torch", "▒", "yellow"),
     ("CUDA graphs", "░", "cyan"),
+    ("draft, LoRA, encoder", "▞", "bright_magenta"),
     ("KV cache", "▚", "green"),
 )
 OVER = ("beyond the budget", "!", "red")
@@ -46,6 +47,7 @@ def memory_bar(b: Prediction, *, width: int = BAR_WIDTH) -> list[Segment]:
         b.activation_bytes,
         b.non_torch_bytes,
         b.cuda_graph_bytes,
+        b.added_bytes,
         max(b.kv_cache_bytes, 0),
     ]
     budget = b.budget_bytes or b.total_bytes
@@ -87,8 +89,45 @@ def breakdown_table(spec: ModelSpec, hardware: Hardware, b: MemoryBreakdown) -> 
     ]
     if b.state_bytes_per_seq:
         rows.insert(10, ("state per seq", format_bytes(b.state_bytes_per_seq)))
+    rows[8:8] = _addition_rows(b)
+    a = b.additions
+    if a.data_parallel_size > 1:
+        total = b.max_concurrency * a.data_parallel_size
+        rows.append(("data parallel", f"{a.data_parallel_size} engines: {total:g} x "
+                     f"{b.max_model_len:,} tokens in all"))  # fmt: skip
+    if a.prefix_caching is not None and b.engine == "vllm":
+        rows.append(("prefix caching", _prefix_caching(a.prefix_caching)))
     width = max(len(k) for k, _ in rows)
     return [f"{k:<{width}}  {v}" for k, v in rows]
+
+
+def _addition_rows(b: MemoryBreakdown) -> list[tuple[str, str]]:
+    """The operator additions' lines (memory/additions.py), those in use."""
+    a, rows = b.additions, []
+    if a.speculative_method:
+        draft = a.speculative_weights_bytes + a.speculative_graph_bytes
+        kv = format_bytes(a.speculative_kv_bytes_per_token)
+        rows.append((f"  draft ({a.speculative_method})",
+                     f"{format_bytes(draft)} (+{kv} KV per token)"))  # fmt: skip
+    if a.lora_bytes:
+        host = format_bytes(a.lora_cpu_cache_bytes)
+        rows.append(("  LoRA slots", f"{format_bytes(a.lora_bytes)} (CPU cache: {host} of host "
+                     "memory)"))  # fmt: skip
+    if a.vision_tower_bytes:
+        rows.append(("  vision tower", format_bytes(a.vision_tower_bytes)))
+    if a.multimodal_bytes:
+        rows.append(("  encoder cache", format_bytes(a.multimodal_bytes)))
+    if a.experts_per_gpu:
+        rows.append(("  experts (EP)", f"{a.experts_per_gpu} per GPU, "
+                     f"{format_bytes(a.expert_weights_bytes)} of the weights"))  # fmt: skip
+    return rows
+
+
+def _prefix_caching(on: bool) -> str:
+    """What prefix caching does to the count above: it holds no memory of its own."""
+    if on:
+        return "on: requests that share a prompt prefix hold its blocks once, so more fit"
+    return "off: every request holds its own blocks, shared prefix or not"
 
 
 def _kv_row(b: MemoryBreakdown) -> str:

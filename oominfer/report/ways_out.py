@@ -12,7 +12,7 @@ from oominfer.memory.estimate import estimate
 from oominfer.model.spec import ModelSpec
 from oominfer.rules.parallel import tensor_parallel_refusal
 from oominfer.rules.versions import EngineVersion
-from oominfer.settings import Engine, EngineSettings, flag
+from oominfer.settings import Engine, EngineSettings, compact_json, declared, flag
 
 _PARALLEL = (2, 4, 8)
 
@@ -34,6 +34,7 @@ def _tries(
         )
     if not s.enforce_eager and b.cuda_graph_bytes:
         tries.append((flag("enforce_eager"), dataclasses.replace(s, enforce_eager=True)))
+    tries.extend(_operator_tries(s, b))
     if s.quantization is None and spec.quantization is None and gpu.supports_fp8:
         tries.append(("-q fp8_per_tensor", dataclasses.replace(s, quantization="fp8_per_tensor")))
     out = [(change, settings, hardware) for change, settings in tries]
@@ -48,6 +49,27 @@ def _tries(
         change = f"-tp {n}" + ("" if more is hardware else f" --gpus {need}")
         out.append((change, dataclasses.replace(s, tensor_parallel_size=n), more))
     return out
+
+
+def _operator_tries(s: EngineSettings, b: MemoryBreakdown) -> list[tuple[str, EngineSettings]]:
+    """Smaller operator additions, tried before quantizing (README: what operators add): fewer
+    LoRA slots, a lower rank, a prompt-lookup (ngram) draft instead of a model's."""
+    tries = []
+    if b.additions.lora_bytes and s.max_loras > 1:
+        fewer = max(1, s.max_loras // 2)
+        tries.append((f"{flag('max_loras')} {fewer}", dataclasses.replace(s, max_loras=fewer)))
+    lower = [r for r in declared("max_lora_rank").choices if r < s.max_lora_rank]
+    if b.additions.lora_bytes and lower:
+        rank = lower[-1]
+        tries.append((f"{flag('max_lora_rank')} {rank}",
+                      dataclasses.replace(s, max_lora_rank=rank)))  # fmt: skip
+    if b.additions.speculative_weights_bytes:
+        tokens = s.speculative.get("num_speculative_tokens") or 1
+        ngram = compact_json({"method": "ngram", "num_speculative_tokens": tokens,
+                              "prompt_lookup_max": 4})  # fmt: skip
+        tries.append((f"{flag('speculative_config')} '{ngram}'",
+                      dataclasses.replace(s, speculative_config=ngram)))  # fmt: skip
+    return tries
 
 
 def ways_out(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import types
 import typing
 from dataclasses import dataclass, field
@@ -69,9 +70,13 @@ DEVICES: Final = get_args(Device)
 TRANSFORMERS_ONLY: Final = frozenset({"bitsandbytes", "int8"})
 """In-flight bitsandbytes quantization: vLLM 0.32 has no loader for it (transformers only)."""
 
-Unit = Literal["tokens", "bytes"]
-"""How a number is read from the command line: tokens take vLLM's ``32k``/``auto`` forms,
-bytes take sizes such as ``4GiB``."""
+Unit = Literal["tokens", "bytes", "json"]
+"""How a value is read from the command line: tokens take vLLM's ``32k``/``auto`` forms,
+bytes take sizes such as ``4GiB``, json a JSON object as vLLM's ``json.loads`` takes it (held
+as compact JSON text, so that settings stay hashable)."""
+
+MaxLoraRank = Literal[1, 8, 16, 32, 64, 128, 256, 320, 512]
+"""vLLM's ``MaxLoRARanks`` (vllm/config/lora.py): the ranks ``--max-lora-rank`` accepts."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -87,7 +92,7 @@ class Declared:
     """``int``, ``float``, ``bool`` or ``str`` (the value without ``None``)."""
     optional: bool
     """None is a value: the engine then derives the setting itself."""
-    choices: tuple[str, ...] = ()
+    choices: tuple[Any, ...] = ()
     short: str | None = None
     """A short flag vLLM also takes (``-tp``)."""
     engines: tuple[Engine, ...] = ENGINES
@@ -106,6 +111,9 @@ class Declared:
     """Values that vLLM has no flag value for (they load through another engine)."""
     on_command_line: bool = True
     """Offered as an option of ``estimate`` and ``fit``."""
+    negatable: bool = False
+    """A flag vLLM takes as ``--x/--no-x`` (argparse BooleanOptionalAction) whose default it
+    decides itself (None): True renders ``--x``, False ``--no-x``."""
 
     @property
     def flag(self) -> str:
@@ -114,8 +122,10 @@ class Declared:
 
     def rendered(self, value: Any, engine: Engine) -> list[str]:
         """This setting's tokens on ``engine``'s command line (none when left to the engine)."""
-        if engine not in self.engines or value is None or value is False:
+        if engine not in self.engines or value is None:
             return []
+        if value is False:
+            return ["--no-" + self.flag[2:]] if self.negatable else []
         if engine == "vllm" and value in self.not_for_vllm:
             return []
         if value == self.default and not self.always:
@@ -186,6 +196,44 @@ class EngineSettings:
         "GPUs it sees otherwise); default: vLLM's choice inside a node.", engines=("vllm",),
         on_command_line=False,
     )  # fmt: skip
+    speculative_config: str | None = setting(
+        None, 'Speculative decoding, as vLLM takes it: a JSON object such as {"model": '
+        '"meta-llama/Llama-3.2-1B-Instruct", "num_speculative_tokens": 4} (method: draft_model, '
+        "eagle, eagle3, mtp, ngram, ...); the draft's weights, KV cache and graphs are counted.",
+        engines=("vllm",), unit="json", since=(0, 8),
+    )  # fmt: skip
+    enable_lora: bool = setting(
+        False, "Serve LoRA adapters: max_loras slots of max_lora_rank are held on every GPU.",
+        engines=("vllm",),
+    )  # fmt: skip
+    max_loras: int = setting(
+        1, "LoRA adapters in one batch (GPU slots; vLLM's default 1).", engines=("vllm",),
+    )  # fmt: skip
+    max_lora_rank: MaxLoraRank = setting(
+        16, "The largest LoRA rank served (vLLM's choices; default 16).", engines=("vllm",),
+    )  # fmt: skip
+    max_cpu_loras: int | None = setting(
+        None, "LoRA adapters cached in host memory (default: max_loras; at least max_loras).",
+        engines=("vllm",),
+    )  # fmt: skip
+    limit_mm_per_prompt: str | None = setting(
+        None, 'Multimodal items per prompt, as vLLM takes it: a JSON object such as {"image": 2, '
+        '"video": 0} (default: vLLM\'s 999 each); 0 everywhere skips the encoder cache.',
+        engines=("vllm",), unit="json", since=(0, 9),
+    )  # fmt: skip
+    enable_prefix_caching: bool | None = setting(
+        None, "Share the KV blocks of a common prompt prefix between requests (vLLM's default: "
+        "on for most models). No memory of its own: more requests fit when prompts share a "
+        "prefix.", engines=("vllm",), negatable=True,
+    )  # fmt: skip
+    enable_expert_parallel: bool = setting(
+        False, "MoE: whole experts split across the tensor x data parallel GPUs instead of "
+        "each expert sliced by tensor parallel.", engines=("vllm",), since=(0, 8),
+    )  # fmt: skip
+    data_parallel_size: int = setting(
+        1, "Engine replicas inside one vLLM server (each its own KV cache and batch); GPUs = "
+        "tensor x pipeline x data parallel.", short="-dp", engines=("vllm",), since=(0, 8),
+    )  # fmt: skip
     allow_deprecated_quantization: bool = setting(
         False, "Load a checkpoint whose quantization method vLLM deprecated (fbgemm_fp8).",
         engines=("vllm",), on_command_line=False,
@@ -197,12 +245,21 @@ class EngineSettings:
             value = getattr(self, d.name)
             if d.choices and value is not None and value not in d.choices:
                 raise InvalidSettingError(
-                    f"unknown {d.flag} {value!r}.", hint=f"Choose one of: {', '.join(d.choices)}."
+                    f"unknown {d.flag} {value!r}.",
+                    hint=f"Choose one of: {', '.join(map(str, d.choices))}.",
                 )
             if d.kind is int and value is not None and value < 1:
                 raise InvalidSettingError(f"{d.flag} must be a positive integer, got {value}.")
             if isinstance(value, float | int) and not isinstance(value, bool):
                 _check_bounds(d, value)
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise InvalidSettingError(
+                f"{flag('max_cpu_loras')} {self.max_cpu_loras} is below {flag('max_loras')} "
+                f"{self.max_loras}: vLLM needs a host slot for every adapter on the GPU.",
+                hint=f"Use {flag('max_cpu_loras')} {self.max_loras} or more.",
+            )
+        for name in ("speculative_config", "limit_mm_per_prompt"):
+            json_object(name, getattr(self, name))
         if (
             self.max_num_seqs is not None
             and self.max_num_batched_tokens is not None
@@ -217,8 +274,48 @@ class EngineSettings:
 
     @property
     def world_size(self) -> int:
-        """GPUs one replica uses."""
+        """GPUs one replica (one vLLM server) uses: tensor x pipeline x data parallel."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size * self.data_parallel_size
+
+    @property
+    def model_world_size(self) -> int:
+        """GPUs one copy of the model spans (vLLM's ``ParallelConfig.world_size``)."""
         return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    @property
+    def speculative(self) -> dict[str, Any]:
+        """``speculative_config`` as a dict (empty: no speculative decoding)."""
+        return json_object("speculative_config", self.speculative_config)
+
+    @property
+    def mm_limits(self) -> dict[str, Any]:
+        """``limit_mm_per_prompt`` as a dict (empty: vLLM's defaults)."""
+        return json_object("limit_mm_per_prompt", self.limit_mm_per_prompt)
+
+
+def json_object(name: str, text: str | None) -> dict[str, Any]:
+    """The JSON object a ``unit="json"`` setting holds (empty for None).
+
+    Raises:
+        InvalidSettingError: text that is not a JSON object, as vLLM's ``json.loads`` would.
+    """
+    if text is None:
+        return {}
+    try:
+        value = json.loads(text)
+    except ValueError as err:
+        raise InvalidSettingError(
+            f"{flag(name)} is not valid JSON: {err}.",
+            hint=f"""Quote the object for the shell: {flag(name)} '{{"key": 1}}'.""",
+        ) from None
+    if not isinstance(value, dict):
+        raise InvalidSettingError(f"{flag(name)} must be a JSON object, got {text}.")
+    return value
+
+
+def compact_json(value: Any) -> str:
+    """A JSON value as the one-line text a setting holds and vLLM's command line takes."""
+    return json.dumps(value, separators=(", ", ": "))
 
 
 def _check_bounds(d: Declared, value: float) -> None:
@@ -240,7 +337,7 @@ def _declare(f: dataclasses.Field[Any], hint: Any) -> Declared:
     optional = union and len(args) < len(get_args(hint))
     inner = args[0]
     choices = tuple(get_args(inner)) if typing.get_origin(inner) is Literal else ()
-    kind = str if choices else inner
+    kind = type(choices[0]) if choices else inner
     return Declared(
         name=f.name, default=f.default, kind=kind, optional=optional, choices=choices, **f.metadata
     )

@@ -1,0 +1,352 @@
+"""What operators add to a deployment, per GPU: a speculative draft, LoRA slots, the
+multimodal encoder cache, and how MoE experts split under expert and data parallelism.
+All numbers in bytes.
+
+Each term is its own function, derived from vLLM's source (0.32), and the estimator adds
+them as lines of their own (``Additions``) beside the model's weights, activations and
+graphs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from dataclasses import dataclass
+from typing import Any, Final
+
+from oominfer.base.errors import InvalidSettingError, ModelNotFoundError
+from oominfer.hardware.gpu import GpuSpec
+from oominfer.memory.dtypes import dtype_bytes
+from oominfer.memory.kv import kv_bytes_per_token_layer
+from oominfer.memory.profile import cuda_graph_bytes
+from oominfer.memory.weights import weight_format, weights_bytes
+from oominfer.model.load import load_spec
+from oominfer.model.spec import ATTENTION_KINDS, ModelSpec
+from oominfer.rules.speculative import NO_MODEL_METHODS, speculative_method
+from oominfer.rules.versions import EngineVersion
+from oominfer.settings import EngineSettings, declared, flag
+
+LORA_FP32_SLICES: Final = 3
+"""Punica's shrink step writes an fp32 buffer of (slices, tokens, rank) per LoRA layer
+(vllm/lora/ops/triton_ops/lora_shrink_op.py); qkv is the widest packed module, 3 slices."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Additions:
+    """The operator additions on one GPU (zero when not used). All numbers in bytes."""
+
+    speculative_method: str | None = None
+    """vLLM's method (draft_model, eagle, eagle3, mtp, ngram, ...), None without one."""
+    speculative_weights_bytes: int = 0
+    """The draft's weights (a draft model, EAGLE heads or the model's own MTP layers)."""
+    speculative_kv_bytes_per_token: int = 0
+    """KV the draft's layers add to every token of the shared paged pool."""
+    speculative_graph_bytes: int = 0
+    """CUDA graphs captured for the draft's layers."""
+    lora_bytes: int = 0
+    """max_loras GPU slots of max_lora_rank on every target module, plus punica's buffer."""
+    lora_cpu_cache_bytes: int = 0
+    """Host memory of the adapters cached on the CPU (not on the GPU)."""
+    multimodal_bytes: int = 0
+    """The encoder cache: embeddings of the largest multimodal batch vLLM profiles."""
+    vision_tower_bytes: int = 0
+    """The vision tower's weights, where the weights line (from the architecture) lacks it."""
+    expert_weights_bytes: int = 0
+    """Routed-expert weights on this GPU (already within the weights line)."""
+    experts_per_gpu: int = 0
+    """Whole experts per GPU under --enable-expert-parallel (0: sliced, or not MoE)."""
+    data_parallel_size: int = 1
+    prefix_caching: bool | None = None
+    """--enable-prefix-caching as given (None: vLLM decides, on for most models)."""
+
+    @property
+    def non_kv_bytes(self) -> int:
+        """What these additions take from the KV cache's budget (expert weights are part of
+        the weights line and not added again)."""
+        return (
+            self.speculative_weights_bytes
+            + self.speculative_graph_bytes
+            + self.lora_bytes
+            + self.multimodal_bytes
+            + self.vision_tower_bytes
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Draft:
+    """A speculative draft, whole (before tensor parallelism)."""
+
+    method: str
+    weights_bytes: int
+    layers: int
+    """Layers of the draft that keep a KV cache (and are captured in graphs)."""
+    kv_bytes_per_token_layer: int
+    hidden_size: int
+
+
+def draft(
+    spec: ModelSpec,
+    config: dict[str, Any],
+    *,
+    dtype: str,
+    kv_bytes: int,
+    tp: int,
+    quantization: str | None,
+    version: EngineVersion,
+) -> Draft | None:
+    """The draft ``--speculative-config`` names, as vLLM builds it (vllm/config/speculative.py).
+
+    - ngram, suffix: no model, no memory.
+    - mtp: the model's own next-token layers (config.json ``num_nextn_predict_layers``):
+      each one a decoder layer of the target plus ``eh_proj`` (2 x hidden -> hidden),
+      sharing the target's embedding and LM head, quantized as the target is.
+    - eagle / eagle3: the head's checkpoint when the catalog or the Hub knows it, else one
+      decoder layer of the target's shape plus the fusing ``fc`` (2 or 3 x hidden ->
+      hidden); the embedding and LM head are shared with the target.
+    - draft_model: a whole model, resolved like any model (``load_spec``).
+
+    ``rules.speculative.refusal`` has checked ``config`` first (a model where one is needed).
+
+    Raises:
+        ModelNotFoundError: a draft model that no folder, catalog entry or the Hub has.
+    """
+    method = speculative_method(spec, config)
+    if method is None or method in NO_MODEL_METHODS:
+        return None
+    elem = dtype_bytes(dtype)
+    per_layer_kv = kv_bytes_per_token_layer(spec, kv_bytes=kv_bytes, tp=tp, version=version)
+    if method == "mtp":
+        layers = spec.mtp_layers
+        weights = layers * (
+            _layer_bytes(spec, dtype, quantization) + 2 * spec.hidden_size**2 * elem
+        )
+        return Draft(method=method, weights_bytes=weights, layers=layers,
+                     kv_bytes_per_token_layer=per_layer_kv,
+                     hidden_size=spec.hidden_size)  # fmt: skip
+    name = str(config["model"])
+    if method in ("eagle", "eagle3"):
+        head = _known_spec(name)
+        if head is not None:
+            shared = head.params.embedding + head.params.lm_head
+            layer_kv = kv_bytes_per_token_layer(head, kv_bytes=kv_bytes, tp=tp, version=version)
+            return Draft(method=method, weights_bytes=max(0, head.params.total - shared) * elem,
+                         layers=head.num_layers, kv_bytes_per_token_layer=layer_kv,
+                         hidden_size=head.hidden_size)  # fmt: skip
+        fused = 3 if method == "eagle3" else 2
+        weights = _layer_bytes(spec, dtype, None) + fused * spec.hidden_size**2 * elem
+        return Draft(method=method, weights_bytes=weights, layers=1,
+                     kv_bytes_per_token_layer=per_layer_kv,
+                     hidden_size=spec.hidden_size)  # fmt: skip
+    try:
+        model = load_spec(name)
+    except ModelNotFoundError as err:
+        raise ModelNotFoundError(
+            f"the draft model of {flag('speculative_config')}: {err}", hint=err.hint
+        ) from None
+    return Draft(
+        method=method,
+        weights_bytes=weights_bytes(model, dtype=dtype),
+        layers=model.attention_layers,
+        kv_bytes_per_token_layer=kv_bytes_per_token_layer(
+            model, kv_bytes=kv_bytes, tp=tp, version=version
+        ),
+        hidden_size=model.hidden_size,
+    )
+
+
+@functools.cache
+def _known_spec(name: str) -> ModelSpec | None:
+    """An EAGLE head's own spec when a folder, the catalog or the Hub has it; else None."""
+    try:
+        return load_spec(name)
+    except Exception:
+        return None
+
+
+def _layer_bytes(spec: ModelSpec, dtype: str, quantization: str | None) -> int:
+    """One decoder layer of ``spec`` (its last) in the engine's weight format."""
+    elem = dtype_bytes(dtype)
+    fmt = weight_format(spec, quantization)
+    quant = fmt.bytes_per_param if fmt is not None else elem
+    linear = elem if fmt is None or fmt.experts_only else quant
+    p = spec.params
+    return int(p.layer_linear[-1] * linear + p.layer_experts[-1] * quant + p.layer_other[-1] * elem)
+
+
+def draft_graph_bytes(
+    d: Draft,
+    *,
+    gpu: GpuSpec,
+    tp: int,
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+    largest: int,
+    version: EngineVersion,
+) -> int:
+    """CUDA graphs of the draft: captured for the same batch sizes as the target's, so the
+    target's graph model over the draft's own layers and width (``cuda_graph_bytes``)."""
+    return cuda_graph_bytes(
+        layers=d.layers,
+        hidden_size=d.hidden_size,
+        gpu=gpu,
+        tp=tp,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        largest=largest,
+        version=version,
+    )
+
+
+def lora_slot_bytes(spec: ModelSpec, s: EngineSettings, *, dtype: str, tokens: int) -> int:
+    """GPU memory of ``--enable-lora`` on one GPU.
+
+    vLLM stacks ``max_loras`` slots per target module (vllm/lora/layers/*.py
+    ``create_lora_weights``): lora_a is (max_loras, rank, in), lora_b (max_loras, out, rank),
+    in the model's dtype. Column-parallel modules (q, k, v, gate, up) keep lora_a whole and
+    split lora_b's out by tensor parallel; row-parallel ones (o, down) split lora_a's in and
+    keep lora_b whole. MoE layers hold a slot per expert for gate, up and down
+    (FusedMoEWithLoRA). Plus punica's fp32 shrink buffer over the prefill chunk.
+    """
+    if not s.enable_lora:
+        return 0
+    per_slot = _lora_slot_elements(spec, s)
+    buffer = LORA_FP32_SLICES * tokens * s.max_lora_rank * 4
+    return s.max_loras * per_slot * dtype_bytes(dtype) + buffer
+
+
+def lora_cpu_cache_bytes(spec: ModelSpec, s: EngineSettings, *, dtype: str) -> int:
+    """Host memory of the LoRA CPU cache: ``max_cpu_loras`` (default ``max_loras``) adapters
+    of up to ``max_lora_rank`` on every target module, whole (vllm/lora/model_manager.py
+    ``LRUCacheLoRAModelManager``). Not GPU memory: the pod's memory, not the KV cache."""
+    if not s.enable_lora:
+        return 0
+    whole = dataclasses.replace(s, tensor_parallel_size=1)
+    return (s.max_cpu_loras or s.max_loras) * _lora_slot_elements(spec, whole) * dtype_bytes(dtype)
+
+
+def _lora_slot_elements(spec: ModelSpec, s: EngineSettings) -> int:
+    """Elements of one LoRA slot on one GPU (see ``lora_slot_bytes``)."""
+    tp, rank = s.tensor_parallel_size, s.max_lora_rank
+    h, hd = spec.hidden_size, spec.head_dim
+    q, kv = spec.num_attention_heads * hd, spec.num_kv_heads * hd
+
+    def column(n_in: int, n_out: int) -> int:
+        return rank * n_in + math.ceil(n_out / tp) * rank
+
+    def row(n_in: int, n_out: int) -> int:
+        return rank * math.ceil(n_in / tp) + n_out * rank
+
+    attention = column(h, q) + 2 * column(h, kv) + row(q, h)
+    if spec.is_moe:
+        inter = spec.moe_intermediate_size
+        mlp = spec.num_experts * (2 * column(h, inter) + row(inter, h))
+    else:
+        inter = spec.intermediate_size
+        mlp = 2 * column(h, inter) + row(inter, h)
+    attn_layers = sum(1 for k in spec.layer_kinds if k in ATTENTION_KINDS)
+    return attention * attn_layers + mlp * spec.num_layers
+
+
+def mm_item_count(limits: dict[str, Any]) -> int | None:
+    """Items per prompt over every modality (None: vLLM's defaults, 999 each)."""
+    if not limits:
+        return None
+    total = 0
+    for value in limits.values():
+        count = value.get("count", 999) if isinstance(value, dict) else value
+        total += int(count)
+    return total
+
+
+def vision_tower_bytes(spec: ModelSpec, s: EngineSettings, *, dtype: str) -> int:
+    """The vision tower's weights on one GPU, when the weights line does not hold them.
+
+    Exact checkpoint sizes (safetensors headers, published totals) already include the
+    tower; sizes computed from the architecture count the language model only, so the tower
+    (``ModelSpec.vision_params``, kept 16-bit by every quantization scheme, split by tensor
+    parallel as vLLM's default ``mm_encoder_tp_mode`` does) is added here. Limits of 0 for
+    every modality leave the tower unbuilt (vllm/model_executor/models/interfaces.py
+    ``_mark_tower_model``: ``StageMissingLayer``).
+    """
+    exact = spec.checkpoint.tensor_bytes is not None
+    if not spec.vision_params or exact or mm_item_count(s.mm_limits) == 0:
+        return 0
+    return spec.vision_params * dtype_bytes(dtype) // s.tensor_parallel_size
+
+
+def multimodal_bytes(spec: ModelSpec, s: EngineSettings, *, dtype: str, tokens: int) -> int:
+    """The encoder cache of a multimodal model on one GPU.
+
+    vLLM sizes it (vllm/v1/core/encoder_cache_manager.py ``compute_mm_encoder_budget``) as
+    max(max_num_batched_tokens, the largest item's tokens) embeddings of the language
+    model's hidden size, and fills it in the profiling run; limits of 0 for every modality
+    skip the encoder altogether (``--limit-mm-per-prompt '{"image": 0}'``).
+    """
+    if not spec.mm_tokens_per_item or mm_item_count(s.mm_limits) == 0:
+        return 0
+    return max(tokens, spec.mm_tokens_per_item) * spec.hidden_size * dtype_bytes(dtype)
+
+
+def expert_share(spec: ModelSpec, s: EngineSettings, stage_expert_bytes: int) -> tuple[int, int]:
+    """Routed-expert bytes on one GPU, and whole experts per GPU (0 when sliced).
+
+    vLLM's FusedMoE (vllm/model_executor/layers/fused_moe/config.py
+    ``FusedMoEParallelConfig.make``) spans tensor x data parallel ranks: without
+    ``--enable-expert-parallel`` each expert is sliced over all of them; with it each rank
+    holds whole experts, ``ceil(experts / ranks)`` on the first ones (``determine_expert_map``).
+    """
+    ranks = s.tensor_parallel_size * s.data_parallel_size
+    if not spec.is_moe:
+        return 0, 0
+    if not s.enable_expert_parallel:
+        return stage_expert_bytes // ranks, 0
+    per_gpu = math.ceil(spec.num_experts / ranks)
+    return stage_expert_bytes * per_gpu // spec.num_experts, per_gpu
+
+
+OPERATOR_FLAGS: Final = (
+    "speculative_config", "enable_lora", "limit_mm_per_prompt", "enable_expert_parallel",
+    "data_parallel_size",
+)  # fmt: skip
+"""The additions only vLLM serves (the transformers server has none of them)."""
+
+
+def state_blocks(aligned: int, s: EngineSettings) -> int:
+    """Recurrent-state blocks one request of a hybrid model holds, given the settings.
+
+    ``aligned`` is the count with prefix caching on (vLLM's default for hybrids: "align"
+    mode, rules/attention.py). Without prefix caching vLLM keeps one block, and speculative
+    decoding adds one per drafted token either way (v1/kv_cache_interface.py
+    ``MambaSpec.max_memory_usage_bytes``: 2 + speculative + checkpoint when aligned, else
+    1 + speculative).
+    """
+    if aligned == 0:
+        return 0
+    drafted = s.speculative.get("num_speculative_tokens") if s.speculative else None
+    speculative = drafted if isinstance(drafted, int) else 0
+    base = 1 if s.enable_prefix_caching is False else aligned
+    return base + speculative
+
+
+def check_additions(spec: ModelSpec, s: EngineSettings, engine: str = "vllm") -> None:
+    """Refuse what vLLM refuses about these settings before it touches a GPU, and what the
+    transformers engine cannot serve.
+
+    Raises:
+        InvalidSettingError: expert parallel on a dense model; an addition on transformers.
+    """
+    if engine != "vllm":
+        given = [name for name in OPERATOR_FLAGS if getattr(s, name) != declared(name).default]
+        if given:
+            raise InvalidSettingError(
+                f"the transformers engine does not serve {', '.join(map(flag, given))}.",
+                hint="Use --engine vllm, or leave them out.",
+            )
+    if s.enable_expert_parallel and not spec.is_moe:
+        raise InvalidSettingError(
+            f"{flag('enable_expert_parallel')} needs a mixture-of-experts model; "
+            f"{spec.model_id} has no experts (vLLM refuses it).",
+            hint=f"Leave out {flag('enable_expert_parallel')}; use "
+            f"{flag('data_parallel_size')} for replicas.",
+        )
