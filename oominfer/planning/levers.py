@@ -15,7 +15,7 @@ from oominfer.planning.costs import why
 from oominfer.planning.document import Lever
 from oominfer.planning.search import Candidate
 from oominfer.rules.versions import EngineVersion
-from oominfer.settings import Engine, EngineSettings
+from oominfer.settings import Engine, EngineSettings, flag
 
 
 def explain(
@@ -25,12 +25,16 @@ def explain(
     *,
     engine: Engine,
     version: EngineVersion,
+    asked: frozenset[str] = frozenset(),
 ) -> tuple[Lever, ...]:
-    """Each lever the chosen plan turned, why, the bytes it saved and what it costs."""
+    """Each lever the chosen plan turned, why, the bytes it saved and what it costs.
+
+    A setting in ``asked`` (one the user named: ``max_model_len``, ``max_num_seqs``...) is
+    reported as set by its flag, not as a lever the planner chose. Inference mode, always on,
+    is no lever and is not listed.
+    """
     s, b = best.settings, best.breakdown
     levers = [
-        Lever(name="inference_mode", value=True, reason="no autograd buffers are kept",
-              cost="none"),
         Lever(name="dtype", value=b.dtype,
               reason="bf16 needs compute capability 8.0" if b.dtype == "float16"
               else "the hardware runs the checkpoint's 16-bit dtype", cost="none"),
@@ -47,6 +51,8 @@ def explain(
         return max(0, o.non_kv_bytes - b.non_kv_bytes)
 
     def add(name: str, value: object, reason: str, cost: str, saved_bytes: int = 0) -> None:
+        if name in asked:
+            reason = f"set by {flag(name)}"
         levers.append(Lever(name=name, value=value, reason=reason, saved_bytes=saved_bytes,
                             cost=cost))  # fmt: skip
 
@@ -72,9 +78,11 @@ def explain(
         add("enforce_eager", True, f"frees {format_bytes(graphs)} of CUDA graphs",
             why("eager"), graphs)  # fmt: skip
     if s.kv_cache_dtype != defaults.kv_cache_dtype:
-        add("kv_cache_dtype", s.kv_cache_dtype, why("kv_quantization"),
-            "slight accuracy loss on long contexts",
-            b.kv_cache_tokens * b.kv_bytes_per_token)  # fmt: skip
+        # Not "bytes saved": the pool is the same size, it holds twice the tokens.
+        add("kv_cache_dtype", s.kv_cache_dtype,
+            f"{why('kv_quantization')}: the pool holds {b.kv_cache_tokens:,} tokens instead "
+            f"of {b.kv_cache_tokens // 2:,}",
+            "slight accuracy loss on long contexts")  # fmt: skip
     if s.quantization is not None:
         add("quantization", s.quantization,
             "the 16-bit weights leave too little room for the context asked for",

@@ -77,6 +77,8 @@ def make_plan(
         predicted=Prediction.of(result.breakdown),
         baseline=Prediction.of(result.baseline) if result.baseline else None,
         replicas=result.replicas,
+        idle_gpus=result.idle_gpus,
+        idle_reason=result.idle_reason,
         concurrency=result.concurrency,
         alternatives=result.alternatives,
         # A lever the engine's measurement turned replaces the planner's lever of that name.

@@ -22,7 +22,7 @@ from oominfer.memory.profile import vllm_defaults
 from oominfer.model.spec import ModelSpec
 from oominfer.planning.constraints import Constraints
 from oominfer.planning.costs import WEIGHT_ONLY_FP8
-from oominfer.planning.layout import Layout, layouts, on_layout, replicas
+from oominfer.planning.layout import Layout, idle_gpus, layouts, on_layout, replicas
 from oominfer.rules import kv_cache as kv_cache_rules
 from oominfer.rules import quantization as quantization_rules
 from oominfer.rules.dtypes import compute_dtype
@@ -41,6 +41,8 @@ class Candidate:
     breakdown: MemoryBreakdown
     replicas: int = 1
     """Replicas the given GPUs serve with this layout."""
+    idle_gpus: int = 0
+    """GPUs given that neither the layout nor its replicas use."""
     typical_length: int
     """Tokens of a typical request (the concurrency is counted in these)."""
 
@@ -133,8 +135,15 @@ def _deprecated(spec: ModelSpec) -> bool:
     return "--allow-deprecated-quantization" in quantization_rules.flags_for(method)
 
 
+def required(settings: EngineSettings, c: Constraints) -> EngineSettings:
+    """``settings`` with every engine setting the user named (``Constraints.requested``):
+    each is a requirement, as it is to vLLM, so no lever turns it."""
+    return dataclasses.replace(settings, **c.requested) if c.requested else settings
+
+
 def candidates(spec: ModelSpec, hardware: Hardware, c: Constraints) -> Iterator[Candidate]:
-    """Every configuration on the lever grid that fits at least the hard floor."""
+    """Every configuration on the lever grid that fits at least the hard floor; a lever the
+    user set (``--max-num-seqs 64``, ``-q fp8``, ``--enforce-eager``) stays where it was set."""
     cap = min(spec.max_position_embeddings, c.max_model_len or spec.max_position_embeddings)
     default_chunk, default_seqs = vllm_defaults(hardware)
     seq_steps = sorted({s for s in (default_seqs, *SEQ_STEPS) if s <= default_seqs}, reverse=True)
@@ -142,16 +151,22 @@ def candidates(spec: ModelSpec, hardware: Hardware, c: Constraints) -> Iterator[
     chunks: list[int | None] = [None]
     if not hardware.is_cpu:
         chunks += [n for n in CHUNK_STEPS if n < default_chunk]
+    if "max_num_seqs" in c.requested:
+        seq_steps = [c.requested["max_num_seqs"]]
+    if "max_num_batched_tokens" in c.requested:
+        chunks = [c.requested["max_num_batched_tokens"]]
+    if "enforce_eager" in c.requested:
+        eager_options = [bool(c.requested["enforce_eager"])]
     variants = [
         (eager, seqs, chunk)
         for eager in eager_options
         for seqs in seq_steps
         for chunk in chunks
-        if chunk is None or chunk >= seqs  # vLLM: batched tokens >= max_num_seqs
+        if chunk is None or chunk >= seqs or len(chunks) == 1  # vLLM: batched >= max_num_seqs
     ]
-    formats = weight_formats(spec, hardware, c)
-    kv_dtypes = kv_cache_dtypes(spec, hardware, c)
-    base = dataclasses.replace(default_settings(spec, hardware, c), max_model_len=cap)
+    formats = c.wants_list("quantization", weight_formats(spec, hardware, c))
+    kv_dtypes = c.wants_list("kv_cache_dtype", kv_cache_dtypes(spec, hardware, c))
+    base = required(dataclasses.replace(default_settings(spec, hardware, c), max_model_len=cap), c)
     for layout in layouts(spec, hardware, c):
         laid = on_layout(base, layout, c)
         for quant in formats:
@@ -168,7 +183,7 @@ def candidates(spec: ModelSpec, hardware: Hardware, c: Constraints) -> Iterator[
                     found = settle(spec, hardware, c, settings, layout)
                     if found is not None:
                         yield found
-                        if found.context == cap and seqs == default_seqs and chunk is None:
+                        if found.context == cap and seqs == seq_steps[0] and chunk == chunks[0]:
                             # Graphs, vLLM's concurrency cap and prefill chunk already reach
                             # the cap: every other variant only pays more for the same.
                             break
@@ -235,7 +250,8 @@ def settle(
     found = Candidate(
         settings=settings,
         breakdown=b,
-        replicas=replicas(layout, hardware),
+        replicas=replicas(layout, hardware, c.gpus_per_node),
+        idle_gpus=idle_gpus(layout, hardware, c.gpus_per_node),
         typical_length=c.typical_length,
     )
     if c.concurrency and found.total_running < c.concurrency:
@@ -249,10 +265,11 @@ def anything_fits(spec: ModelSpec, hardware: Hardware, c: Constraints) -> bool:
     floor = c.floor(spec.max_position_embeddings)
     eager = not hardware.is_cpu and c.engine == "vllm"
     for layout in layouts(spec, hardware, c):
-        for quant in weight_formats(spec, hardware, c)[-1:]:
+        kv = c.wants_list("kv_cache_dtype", kv_cache_dtypes(spec, hardware, c))[-1]
+        for quant in c.wants_list("quantization", weight_formats(spec, hardware, c))[-1:]:
             settings = EngineSettings(
                 quantization=quant,
-                kv_cache_dtype=kv_cache_dtypes(spec, hardware, c)[-1],
+                kv_cache_dtype=kv,
                 gpu_memory_utilization=_utilization(c),
                 max_model_len=floor,
                 max_num_seqs=c.concurrency or 1,
@@ -262,7 +279,7 @@ def anything_fits(spec: ModelSpec, hardware: Hardware, c: Constraints) -> bool:
                 pipeline_parallel_size=layout.pp,
                 kv_cache_memory_bytes=c.kv_cache_memory_bytes,
             )
-            found = settle(spec, hardware, c, settings, layout)
+            found = settle(spec, hardware, c, required(settings, c), layout)
             if found is not None and found.context >= floor:
                 return True
     return False
@@ -273,8 +290,13 @@ def roomiest(spec: ModelSpec, hardware: Hardware, c: Constraints) -> EngineSetti
     and cache one layout of these GPUs has."""
     widest = max(layouts(spec, hardware, c), key=lambda layout: layout.world_size)
     eager = not hardware.is_cpu and c.engine == "vllm"
-    return on_layout(
-        dataclasses.replace(default_settings(spec, hardware, c), enforce_eager=eager), widest, c
+    return required(
+        on_layout(
+            dataclasses.replace(default_settings(spec, hardware, c), enforce_eager=eager),
+            widest,
+            c,
+        ),
+        c,
     )
 
 
