@@ -19,6 +19,7 @@ from oominfer.cli.options import (
     hardware_options,
     settings_options,
 )
+from oominfer.cli.weights import check_weights
 from oominfer.hardware.hardware import Hardware
 from oominfer.model.spec import ModelSpec
 from oominfer.rules.parallel import tensor_parallel_refusal
@@ -72,6 +73,7 @@ def estimate(model: str, revision: str | None, as_json: bool, **opts: Any) -> No
     settings = build_settings(opts)
     hardware = build_hardware(opts)
     spec = load_model(model, revision=revision)
+    check_weights(model, spec, loads=False)
     from oominfer.api import default_engine_version
     from oominfer.rules.versions import EngineVersion
 

@@ -11,6 +11,7 @@ import click
 
 from oominfer.base.errors import OutputError
 from oominfer.cli.options import JSON, build_constraints, build_hardware, fit_options
+from oominfer.cli.weights import check_weights
 from oominfer.planning.document import Plan
 
 
@@ -28,6 +29,7 @@ def fit_from_flags(model: str, opts: dict[str, Any]) -> tuple[Plan, bool]:
     verify = opts["verify"]
     if verify is None:
         verify = can_verify(hardware, constraints.engine)
+    check_weights(model, spec, loads=verify)
     cached: list[Plan] = []
 
     def launch(n: int, argv: list[str], log: Path) -> None:
