@@ -307,3 +307,31 @@ def test_output_to_a_closed_pipe_exits_quietly() -> None:
 def test_requirements_refused_by_constraints() -> None:
     with pytest.raises(InvalidSettingError, match="too short"):
         Constraints(max_model_len=16)
+
+
+def test_k8s_renders_the_placement_the_plan_was_fitted_for(tmp_path: Path) -> None:
+    """405B on 16 A100s of 4 per node: TP 4 x PP 4 is four pods of 4 GPUs, one stage each,
+    without --gpus-per-node repeated on `oominfer k8s`."""
+    plan_file = tmp_path / "plan.json"
+    fitted = invoke("fit", LLAMA_405B, "--gpu", "A100-80GB", "--gpus", "16", "--gpus-per-node",
+                    "4", "--no-verify", "-o", str(plan_file))  # fmt: skip
+    assert fitted.exit_code == 0, fitted.output
+    rendered = invoke("k8s", str(plan_file), "-o", str(tmp_path / "k8s"))
+    assert rendered.exit_code == 0, rendered.output
+    lws = (tmp_path / "k8s" / "leaderworkerset.yaml").read_text()
+    assert "size: 4" in lws
+    assert "nvidia.com/gpu: '4'" in lws and "nvidia.com/gpu: '8'" not in lws
+
+
+def test_the_estimate_short_by_is_need_minus_budget() -> None:
+    from oominfer.api import estimate
+    from oominfer.planning.document import Prediction
+    from oominfer.report.breakdown import verdict
+    from oominfer.settings import EngineSettings
+
+    b = estimate(LLAMA_70B, Hardware.from_gpu("L4"), EngineSettings())
+    assert b.kv_cache_bytes <= 0
+    _, line = verdict(Prediction.of(b))
+    from oominfer.base.units import format_bytes
+
+    assert f"(short by {format_bytes(b.non_kv_bytes - b.budget_bytes)}," in line
