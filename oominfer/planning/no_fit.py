@@ -65,10 +65,17 @@ def _closest(
 def _held_back(spec: ModelSpec, hardware: Hardware, c: Constraints) -> Iterator[str]:
     """The levers the user's preference or flags held back that would fit, each with the
     flag that releases it."""
-    if c.prefer == "quality" and anything_fits(
-        spec, hardware, dataclasses.replace(c, prefer="balanced")
-    ):
-        yield "--prefer balanced (quantized weights or an FP8 KV cache, held back by quality)"
+    released = next(
+        (
+            other
+            for other in ("balanced", "context")
+            if c.prefer == "quality"
+            and anything_fits(spec, hardware, dataclasses.replace(c, prefer=other))
+        ),
+        None,
+    )
+    if released is not None:
+        yield f"--prefer {released} (quantized weights or an FP8 KV cache, held back by quality)"
     elif (
         c.prefer == "quality"
         and c.engine == "vllm"
