@@ -335,3 +335,10 @@ def test_the_estimate_short_by_is_need_minus_budget() -> None:
     from oominfer.base.units import format_bytes
 
     assert f"(short by {format_bytes(b.non_kv_bytes - b.budget_bytes)}," in line
+
+
+def test_serve_refuses_a_folder_without_weights_before_launching(tmp_path: Path) -> None:
+    folder = model_folder(tmp_path / "tiny")
+    result = invoke("serve", str(folder), "--device", "cpu", "--memory", "4GiB", "--no-verify")
+    assert result.exit_code == ExitStatus.MODEL_ERROR, result.output
+    assert "no weights" in result.stderr

@@ -15,8 +15,9 @@ from oominfer.cli.weights import check_weights
 from oominfer.planning.document import Plan
 
 
-def fit_from_flags(model: str, opts: dict[str, Any]) -> tuple[Plan, bool]:
-    """Fit MODEL with the parsed fit flags, telling the user what happens on stderr.
+def fit_from_flags(model: str, opts: dict[str, Any], *, serving: bool = False) -> tuple[Plan, bool]:
+    """Fit MODEL with the parsed fit flags, telling the user what happens on stderr
+    (``serving``: the engine will load the model whether verified or not).
 
     Returns the plan, and whether it came from the cache of verified plans.
     """
@@ -29,7 +30,7 @@ def fit_from_flags(model: str, opts: dict[str, Any]) -> tuple[Plan, bool]:
     verify = opts["verify"]
     if verify is None:
         verify = can_verify(hardware, constraints.engine)
-    check_weights(model, spec, loads=verify)
+    check_weights(model, spec, loads=verify or serving)
     cached: list[Plan] = []
 
     def launch(n: int, argv: list[str], log: Path) -> None:

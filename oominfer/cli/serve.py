@@ -146,7 +146,7 @@ def serve(ctx: click.Context, /, target: str, host: str, port: int, api_key: str
         check_engine(plan.engine, plan.device)
     else:
         check_engine(opts["engine"], device_of(opts))
-        plan, _ = fit_from_flags(target, opts)
+        plan, _ = fit_from_flags(target, opts, serving=True)
     merge_extra(plan, extra)  # a flag contradicting the plan is refused before anything runs
     if not plan.verified:
         if require_verified:
