@@ -38,8 +38,8 @@ def layouts(spec: ModelSpec, hardware: Hardware, c: Constraints) -> list[Layout]
     added only on top of the widest tensor parallel a node allows, so a model spans nodes
     with one stage per node (TP 8 x PP 2 on two nodes of eight).
 
-    Besides, the widest-TP layout that uses every GPU given (TP 2 x PP 3 on six GPUs, TP 1 x
-    PP 3 on three), so that no GPU need sit idle. A requested ``-tp``/``-pp`` keeps only the layouts
+    Besides, the pipelined layouts of the widest TP that use every GPU given (``_all_used``),
+    so that no GPU need sit idle. A requested ``-tp``/``-pp`` keeps only the layouts
     with that size. Every layout kept can be placed: each TP group inside one node of
     ``--gpus-per-node`` GPUs (``groups``).
     """
@@ -55,13 +55,7 @@ def layouts(spec: ModelSpec, hardware: Hardware, c: Constraints) -> list[Layout]
     found = {Layout(tp, 1) for tp in tps}
     widest = max(tps)
     found |= {Layout(widest, pp) for pp in range(2, hardware.count // widest + 1)}
-    whole = [
-        Layout(tp, hardware.count // tp)
-        for tp in sorted(tps, reverse=True)
-        if hardware.count % tp == 0
-        and groups(tp, hardware.count, c.gpus_per_node) >= hardware.count // tp
-    ]
-    found |= set(whole[:1])  # the widest TP that uses every GPU
+    found |= _all_used(tps, hardware.count, c.gpus_per_node)
     if want_pp:
         found |= {Layout(tp, want_pp) for tp in tps}
     kept = [
@@ -72,6 +66,18 @@ def layouts(spec: ModelSpec, hardware: Hardware, c: Constraints) -> list[Layout]
         and groups(layout.tp, hardware.count, c.gpus_per_node) >= layout.pp
     ]
     return sorted(kept, key=lambda layout: (layout.world_size, layout.pp))
+
+
+def _all_used(tps: list[int], count: int, gpus_per_node: int) -> set[Layout]:
+    """Pipelined layouts that leave no GPU idle (with their replicas), on the widest TP
+    that has one: TP 2 x PP 3 on six GPUs of nodes of 4, TP 1 x PP 3 on three, TP 1 x PP 2,
+    4 or 8 on eight GPUs of nodes of 3 (whose three TP-2 groups leave two idle)."""
+    for tp in sorted(tps, reverse=True):
+        held = groups(tp, count, gpus_per_node)
+        if held * tp != count:
+            continue  # some GPUs fit no TP group of this size
+        return {Layout(tp, pp) for pp in range(2, held + 1) if held % pp == 0}
+    return set()
 
 
 def nodes(count: int, gpus_per_node: int) -> list[int]:
