@@ -197,7 +197,7 @@ def test_idle_gpus_are_reported_with_the_gpus_that_use_them_all() -> None:
     assert r.idle_gpus == 1
     assert "--gpus 2" in r.idle_reason and "--gpus 4" in r.idle_reason
     text = invoke("fit", LLAMA_8B, "--gpu", "L4", "--gpus", "3", "-tp", "2", "--no-verify")
-    assert "Idle: 1 GPU: " in text.stdout
+    assert "Idle: 1 GPU: " in text.stdout and "1 sits idle" in text.stdout
 
 
 # --- marginal levers ------------------------------------------------------------------
@@ -258,6 +258,7 @@ def test_the_report_has_no_misleading_words() -> None:
     out = invoke("fit", LLAMA_8B, "--gpu", "V100-32GB", "--prefer", "context", "--no-verify")
     assert out.exit_code == 0, out.output
     assert "inference_mode" not in out.stdout
+    assert "--prefer context)" not in out.stdout  # the plan already prefers it
     assert " 1 requests" not in out.stdout and " 1 tokens" not in out.stdout
     capped = invoke("fit", LLAMA_8B, "--gpu", "L4", "--max-model-len", "65536", "--no-verify")
     assert "--prefer context)" not in capped.stdout

@@ -141,6 +141,6 @@ def idle_reason(layout: Layout, hardware: Hardware, gpus_per_node: int = 8) -> s
     nodes_of = f", {gpus_per_node} per node" if hardware.count > gpus_per_node else ""
     return (
         f"each replica takes {per} ({shape}{nodes_of}), so {hardware.count} GPUs hold {n} "
-        f"replica{'s' if n > 1 else ''} and {idle} sit idle: --gpus {used} or --gpus {more} "
-        f"uses them all"
+        f"replica{'s' if n > 1 else ''} and {idle} sit{'s' if idle == 1 else ''} idle; "
+        f"with --gpus {used} or --gpus {more} none would"
     )

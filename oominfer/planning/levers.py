@@ -26,12 +26,14 @@ def explain(
     engine: Engine,
     version: EngineVersion,
     asked: frozenset[str] = frozenset(),
+    longest: bool = False,
 ) -> tuple[Lever, ...]:
     """Each lever the chosen plan turned, why, the bytes it saved and what it costs.
 
     A setting in ``asked`` (one the user named: ``max_model_len``, ``max_num_seqs``...) is
     reported as set by its flag, not as a lever the planner chose. Inference mode, always on,
-    is no lever and is not listed.
+    is no lever and is not listed. ``longest``: the plan already seeks the longest context
+    (``--prefer context``), so a shorter one is not offered that flag as the way back.
     """
     s, b = best.settings, best.breakdown
     levers = [
@@ -68,9 +70,12 @@ def explain(
             why("smaller_chunk"), "slower prefill of long prompts",
             without(max_num_batched_tokens=None))  # fmt: skip
     if best.context < spec.max_position_embeddings:
+        trained = f"the model's {spec.max_position_embeddings:,} tokens"
         add("max_model_len", best.context,
-            f"the longest context that fits without costlier levers (the model's "
-            f"{spec.max_position_embeddings:,} tokens: --prefer context): {why('shorter_context')}",
+            f"the longest context this plan fits ({trained} do not)"
+            if longest else
+            f"the longest context that fits without costlier levers ({trained}: --prefer "
+            f"context): {why('shorter_context')}",
             f"prompts + outputs limited to {best.context:,} tokens",
             b.kv_bytes_per_token * (spec.max_position_embeddings - best.context))  # fmt: skip
     if s.enforce_eager:

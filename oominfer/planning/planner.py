@@ -94,7 +94,10 @@ def plan(spec: ModelSpec, hardware: Hardware, constraints: Constraints) -> PlanR
         raise does_not_fit(spec, hardware, c)
     chosen = _with_dtype(spec, hardware, c, chosen)
     asked = frozenset(c.requested) | ({"max_model_len"} if c.max_model_len else set())
-    levers = explain(spec, hardware, chosen, engine=c.engine, version=c.vllm_version, asked=asked)
+    levers = explain(
+        spec, hardware, chosen, engine=c.engine, version=c.vllm_version, asked=asked,
+        longest=c.prefer == "context",
+    )  # fmt: skip
     if switched is not None:
         levers = (*levers[:1], switched, *levers[1:])
     return PlanResult(
