@@ -343,3 +343,9 @@ def test_serve_refuses_a_folder_without_weights_before_launching(tmp_path: Path)
     result = invoke("serve", str(folder), "--device", "cpu", "--memory", "4GiB", "--no-verify")
     assert result.exit_code == ExitStatus.MODEL_ERROR, result.output
     assert "no weights" in result.stderr
+
+
+def test_estimate_refuses_a_context_too_short_to_serve() -> None:
+    result = invoke("estimate", LLAMA_8B, "--gpu", "L4", "--max-model-len", "1")
+    assert result.exit_code == ExitStatus.USAGE
+    assert "too short to serve" in result.stderr

@@ -113,5 +113,5 @@ def human_readable_int(text: str) -> int:
 def counted(n: float, noun: str) -> str:
     """``1 request``, ``2 requests``, ``1,024 tokens``: a count with its noun in the right
     number (nouns here take a plain -s)."""
-    text = f"{n:,}" if isinstance(n, int) else f"{n:g}"
+    text = f"{n:,}" if isinstance(n, int) else f"{n:,g}"
     return f"{text} {noun}" if n == 1 else f"{text} {noun}s"

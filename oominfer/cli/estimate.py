@@ -22,8 +22,9 @@ from oominfer.cli.options import (
 from oominfer.cli.weights import check_weights
 from oominfer.hardware.hardware import Hardware
 from oominfer.model.spec import ModelSpec
+from oominfer.planning.constraints import check_useful_context
 from oominfer.rules.parallel import tensor_parallel_refusal
-from oominfer.settings import Engine, EngineSettings
+from oominfer.settings import Engine, EngineSettings, flag
 
 
 def parallel_note(spec: ModelSpec, hardware: Hardware, settings: EngineSettings) -> str | None:
@@ -71,6 +72,7 @@ def estimate(model: str, revision: str | None, as_json: bool, **opts: Any) -> No
     from oominfer.report.ways_out import ways_out
 
     settings = build_settings(opts)
+    check_useful_context(settings.max_model_len, flag("max_model_len"))
     hardware = build_hardware(opts)
     spec = load_model(model, revision=revision)
     check_weights(model, spec, loads=False)

@@ -9,6 +9,7 @@ from typing import Any, Final, Literal, TypeVar, get_args
 from oominfer.base.errors import InvalidSettingError
 from oominfer.rules.versions import LATEST_VLLM, EngineVersion
 from oominfer.settings import DECLARED, Dtype, Engine
+from oominfer.settings import flag as flag_of
 
 T = TypeVar("T")
 Prefer = Literal["balanced", "context", "throughput", "quality"]
@@ -34,6 +35,20 @@ SHORTEST_USEFUL: Final = 128
 question already take about a hundred tokens, so the engine would refuse every prompt."""
 TYPICAL_LENGTH: Final = 4096
 """Tokens (prompt + output) of a typical request, for the concurrency the plan promises."""
+
+
+def check_useful_context(tokens: int | None, flag: str) -> None:
+    """Refuse a context no engine can serve a prompt in.
+
+    Raises:
+        InvalidSettingError: ``tokens`` is below SHORTEST_USEFUL.
+    """
+    if tokens is not None and 0 < tokens < SHORTEST_USEFUL:
+        raise InvalidSettingError(
+            f"{flag} {tokens:,} is too short to serve: a chat template and a short question "
+            f"alone take about {SHORTEST_USEFUL} tokens.",
+            hint=f"Pass {flag} {SHORTEST_USEFUL} or more ({flag} 4k, {flag} 32k).",
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -83,14 +98,8 @@ class Constraints:
         ):
             if value is not None and value < 1:
                 raise InvalidSettingError(f"{flag} must be positive, got {value}.")
-        for flag, value in (("--max-model-len", self.max_model_len),
-                            ("--min-context", self.min_context)):  # fmt: skip
-            if value is not None and value < SHORTEST_USEFUL:
-                raise InvalidSettingError(
-                    f"{flag} {value:,} is too short to serve: a chat template and a short "
-                    f"question alone take about {SHORTEST_USEFUL} tokens.",
-                    hint=f"Pass {flag} {SHORTEST_USEFUL} or more ({flag.split()[0]} 4k, 32k).",
-                )
+        check_useful_context(self.max_model_len, flag_of("max_model_len"))
+        check_useful_context(self.min_context, "--min-context")
         unknown = sorted(set(self.requested) - {d.name for d in DECLARED})
         if unknown:
             raise InvalidSettingError(f"unknown engine settings: {', '.join(unknown)}.")

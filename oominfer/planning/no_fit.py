@@ -113,7 +113,7 @@ def _held_back(spec: ModelSpec, hardware: Hardware, c: Constraints) -> Iterator[
             default=0,
         )
         if longest:
-            yield f"--max-model-len {longest} (the longest that fits)"
+            yield f"{flag('max_model_len')} {longest} (the longest that fits)"
 
 
 def _fitting_requests(spec: ModelSpec, hardware: Hardware, c: Constraints) -> int:
@@ -209,7 +209,7 @@ def does_not_fit(spec: ModelSpec, hardware: Hardware, c: Constraints) -> DoesNot
             ways.insert(0, f"--concurrency {fitting}")
         shortfall = b.shortfall_bytes
     else:
-        asked = "--max-model-len" if c.max_model_len is not None else "the floor"
+        asked = flag("max_model_len") if c.max_model_len is not None else "the floor"
         why = (
             f"the KV cache left in the closest plan ({_describe(b, closest)}) holds "
             f"{counted(b.max_model_len_that_fits, 'token')} per request{_kv_layout(spec)}, "

@@ -17,7 +17,7 @@ from oominfer.planning.constraints import Constraints
 from oominfer.planning.document import Lever
 from oominfer.planning.planner import PlanResult
 from oominfer.runtime.status import ProbeStatus
-from oominfer.settings import EngineSettings
+from oominfer.settings import EngineSettings, flag
 from oominfer.verify.prober import ProbeResult
 
 
@@ -42,7 +42,7 @@ def correct(
         floor = c.hard_floor(spec.max_position_embeddings)
         if length < floor:
             # A --max-model-len given is a requirement, as to vLLM: never silently less.
-            name = "--max-model-len" if c.max_model_len is not None else "--min-context"
+            name = flag("max_model_len") if c.max_model_len is not None else "--min-context"
             raise DoesNotFitError(
                 f"the engine holds at most {length:,} tokens per request, below {name} {floor:,}.",
                 hint=f"Pass {name} {length} or less, or add GPUs.",
