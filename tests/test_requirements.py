@@ -349,3 +349,14 @@ def test_estimate_refuses_a_context_too_short_to_serve() -> None:
     result = invoke("estimate", LLAMA_8B, "--gpu", "L4", "--max-model-len", "1")
     assert result.exit_code == ExitStatus.USAGE
     assert "too short to serve" in result.stderr
+
+
+def test_a_small_prefill_chunk_takes_max_num_seqs_down_with_it() -> None:
+    """vLLM needs max_num_batched_tokens >= max_num_seqs: a chunk of 128 asked for is met by
+    lowering the free lever, max_num_seqs, not refused."""
+    s = fit_json(LLAMA_8B, "--gpu", "H100", "--max-num-batched-tokens", "128")["settings"]
+    assert s["max_num_batched_tokens"] == 128
+    assert s["max_num_seqs"] <= 128
+    both = invoke("fit", LLAMA_8B, "--gpu", "H100", "--max-num-batched-tokens", "128",
+                  "--max-num-seqs", "256", "--no-verify")  # fmt: skip
+    assert both.exit_code == ExitStatus.USAGE  # two requirements vLLM refuses together

@@ -137,8 +137,16 @@ def _deprecated(spec: ModelSpec) -> bool:
 
 def required(settings: EngineSettings, c: Constraints) -> EngineSettings:
     """``settings`` with every engine setting the user named (``Constraints.requested``):
-    each is a requirement, as it is to vLLM, so no lever turns it."""
-    return dataclasses.replace(settings, **c.requested) if c.requested else settings
+    each is a requirement, as it is to vLLM, so no lever turns it. A prefill chunk asked
+    for below max_num_seqs takes max_num_seqs down with it (vLLM: a step holds a token of
+    every running sequence), unless max_num_seqs was asked for too."""
+    if not c.requested:
+        return settings
+    fields = dict(c.requested)
+    chunk = fields.get("max_num_batched_tokens")
+    if chunk is not None and "max_num_seqs" not in fields and settings.max_num_seqs:
+        fields["max_num_seqs"] = min(settings.max_num_seqs, chunk)
+    return dataclasses.replace(settings, **fields)
 
 
 def candidates(spec: ModelSpec, hardware: Hardware, c: Constraints) -> Iterator[Candidate]:
@@ -162,7 +170,7 @@ def candidates(spec: ModelSpec, hardware: Hardware, c: Constraints) -> Iterator[
         for eager in eager_options
         for seqs in seq_steps
         for chunk in chunks
-        if chunk is None or chunk >= seqs or len(chunks) == 1  # vLLM: batched >= max_num_seqs
+        if chunk is None or chunk >= seqs  # vLLM: batched tokens >= max_num_seqs
     ]
     formats = c.wants_list("quantization", weight_formats(spec, hardware, c))
     kv_dtypes = c.wants_list("kv_cache_dtype", kv_cache_dtypes(spec, hardware, c))
