@@ -161,6 +161,18 @@ def test_kv_cache_too_small_below_min_context_does_not_fit() -> None:
     assert len(prober.calls) == 1
 
 
+def test_kv_cache_too_small_below_the_max_model_len_asked_does_not_fit() -> None:
+    """--max-model-len is a requirement (issue 17): when the engine holds less, the fit
+    stops and says so with that flag, rather than serving less."""
+    prober = FakeProber((ProbeStatus.KV_CACHE_TOO_SMALL, {"estimated_max_model_len": 4000}))
+    with pytest.raises(DoesNotFitError) as info:
+        run(prober, constraints=Constraints(max_model_len=8192))
+    assert "below --max-model-len 8,192" in info.value.message
+    assert "--max-model-len 4000" in (info.value.hint or "")
+    assert len(prober.calls) == 1
+    assert prober.calls[0].max_model_len == 8192
+
+
 def test_out_of_memory_on_gpu_lowers_utilization() -> None:
     prober = FakeProber(
         (ProbeStatus.OUT_OF_MEMORY, {"detail": "torch.OutOfMemoryError: CUDA out of memory."}),

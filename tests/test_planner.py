@@ -46,7 +46,7 @@ def check_plan(result: PlanResult) -> None:
     for lever in result.levers:
         assert lever.reason.strip(), lever
         assert lever.saved_bytes >= 0, lever
-    assert names(result)[:2] == ["inference_mode", "dtype"]
+    assert names(result)[:1] == ["dtype"]
     assert len(set(names(result))) == len(names(result))
 
 
@@ -61,7 +61,7 @@ def test_llama8b_l4_balanced_keeps_bf16_graphs_and_concurrency() -> None:
     # before issue 16 said 1.48 and left ~25k).
     assert 8192 <= (s.max_model_len or 0) <= 40960
     assert s.max_num_seqs == 256 and not s.enforce_eager and s.max_num_batched_tokens is None
-    assert names(r) == ["inference_mode", "dtype", "max_model_len"]
+    assert names(r) == ["dtype", "max_model_len"]
     # the longest context bf16 weights, cache and graphs allow
     longest = max(
         cand.context
@@ -87,7 +87,7 @@ def test_llama8b_l4_prefer_context_full_context_with_fp8() -> None:
     assert s.cpu_offload_gb == 0
     # then the cheapest: nothing else turned (vLLM's sequence default, graphs kept)
     assert not s.enforce_eager and s.max_num_seqs == 256
-    assert names(r) == ["inference_mode", "dtype", "kv_cache_dtype", "quantization"]
+    assert names(r) == ["dtype", "kv_cache_dtype", "quantization"]
 
 
 def test_alternatives_name_what_they_trade_and_the_flag() -> None:
@@ -113,7 +113,10 @@ def test_llama8b_l4_no_quantize_longest_unquantized_context() -> None:
     s = r.settings
     assert s.quantization is None
     longest = max(cand.context for cand in candidates(spec(LLAMA_8B), hw("L4"), c))
-    assert s.max_model_len == longest
+    # The longest needs eager mode or a handful of sequences for under 25% more context
+    # (issue 17): the plan keeps graphs and vLLM's concurrency cap instead.
+    assert s.max_model_len is not None and longest < 1.25 * s.max_model_len < 1.25 * longest
+    assert not s.enforce_eager and (s.max_num_seqs or 8) >= 8
     assert 32768 < s.max_model_len < 131072
     assert s.kv_cache_dtype == "fp8"  # FP8 KV is not weight quantization
     assert "max_model_len" in names(r)
@@ -197,7 +200,9 @@ def test_405b_on_eight_h100_needs_fp8_and_tp8() -> None:
     assert r.settings.pipeline_parallel_size == 1
     with pytest.raises(DoesNotFitError) as info:  # quality quantizes nothing: two nodes
         plan(spec(LLAMA_405B), hw("H100", 8), Constraints(prefer="quality"))
-    assert info.value.ways_out[0] == "--gpus 16 (2 nodes of 8)"
+    # The lever quality held back comes first, with the flag that releases it (issue 17).
+    assert info.value.ways_out[0].startswith("--prefer balanced")
+    assert "--gpus 16 (2 nodes of 8)" in info.value.ways_out
     with pytest.raises(DoesNotFitError):
         plan(spec(LLAMA_405B), hw("H100", 8), Constraints(no_quantize=True))
 

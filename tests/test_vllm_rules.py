@@ -162,7 +162,7 @@ def test_bitsandbytes_is_no_vllm_method_so_the_plan_goes_to_transformers() -> No
     assert "vllm" not in quantization.RULES["bitsandbytes"].engines
     plan = plan_of("unsloth/meta-llama-3.1-8b-instruct-bnb-4bit", "L4")
     assert plan.engine == "transformers"
-    assert plan.levers[2].name == "engine"
+    assert plan.levers[1].name == "engine"
     with pytest.raises(InvalidSettingError) as refused:
         oominfer.estimate(
             LLAMA_8B, Hardware.from_gpu("L4"), EngineSettings(quantization="bitsandbytes")

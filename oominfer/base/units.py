@@ -108,3 +108,10 @@ def human_readable_int(text: str) -> int:
         raise InvalidSettingError(
             f"{text!r} is not a count: write 8192, 32k (32,000) or 32K (32,768)."
         ) from None
+
+
+def counted(n: float, noun: str) -> str:
+    """``1 request``, ``2 requests``, ``1,024 tokens``: a count with its noun in the right
+    number (nouns here take a plain -s)."""
+    text = f"{n:,}" if isinstance(n, int) else f"{n:,g}"
+    return f"{text} {noun}" if n == 1 else f"{text} {noun}s"

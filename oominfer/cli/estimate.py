@@ -20,8 +20,10 @@ from oominfer.cli.options import (
     hardware_options,
     settings_options,
 )
+from oominfer.cli.weights import check_weights
 from oominfer.hardware.hardware import Hardware
 from oominfer.model.spec import ModelSpec
+from oominfer.planning.constraints import check_useful_context
 from oominfer.rules.parallel import tensor_parallel_refusal
 from oominfer.settings import Engine, EngineSettings, flag
 
@@ -75,8 +77,10 @@ def estimate(model: str, revision: str | None, as_json: bool, **opts: Any) -> No
     from oominfer.verify.speed_store import recall
 
     settings = build_settings(opts)
+    check_useful_context(settings.max_model_len, flag("max_model_len"))
     hardware = build_hardware(opts)
     spec = load_model(model, revision=revision)
+    check_weights(model, spec, loads=False)
     from oominfer.planning.context import engine_release
     from oominfer.rules.versions import EngineVersion
 

@@ -12,6 +12,7 @@ import click
 from oominfer.base.errors import OutputError
 from oominfer.cli.options import JSON, QUIET, build_constraints, build_hardware, fit_options
 from oominfer.cli.progress import Progress
+from oominfer.cli.weights import check_weights
 from oominfer.planning.document import Plan
 
 if TYPE_CHECKING:
@@ -26,8 +27,10 @@ def fit_from_flags(
     on_ready: Callable[[LiveEngine], None] | None = None,
     api_key: str | None = None,
     extra_args: tuple[str, ...] = (),
+    serving: bool = False,
 ) -> tuple[Plan, bool]:
-    """Fit MODEL with the parsed fit flags, telling the user what happens through ``progress``.
+    """Fit MODEL with the parsed fit flags, telling the user what happens through ``progress``
+    (``serving``: the engine will load the model whether verified or not).
 
     ``on_ready`` receives the engine that proved the plan, running (serve keeps it); it was
     started with ``api_key`` and ``extra_args``. Returns the plan, and whether it came from
@@ -42,6 +45,7 @@ def fit_from_flags(
     verify = opts["verify"]
     if verify is None:
         verify = can_verify(hardware, constraints.engine)
+    check_weights(model, spec, loads=verify or serving)
     cached: list[Plan] = []
 
     def launch(n: int, argv: list[str], log: Path) -> None:

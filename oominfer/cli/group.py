@@ -43,6 +43,16 @@ class OominferGroup(click.Group):
             extra.setdefault("color", False)
         try:
             code = super().main(argv, prog_name, complete_var, standalone_mode=False, **extra)
+        except BrokenPipeError:
+            _quiet_stdout()
+            sys.exit(0)
+        except SystemExit as err:
+            # click answers a closed stdout (`oominfer fit ... | head -3`) with exit 1 after
+            # pacifying the streams; the reader having had enough is no failure.
+            if err.code == 1 and type(sys.stdout).__name__.endswith("PacifyFlushWrapper"):
+                _quiet_stdout()
+                sys.exit(0)
+            raise
         except click.UsageError as err:
             command = err.ctx.command_path if err.ctx else "oominfer"
             _fail(as_json, "usage", err.exit_code, err.format_message(),
@@ -82,6 +92,18 @@ class OominferGroup(click.Group):
         name = next((t for t in tokens if not t.startswith("-")), None)
         command = self.commands.get(name or "")
         return command is not None and any(p.name == "as_json" for p in command.params)
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's last flush to a closed pipe
+    raises nothing either."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.__stdout__.fileno() if sys.__stdout__ else 1)
+    except (OSError, ValueError):
+        pass
+    finally:
+        os.close(devnull)
 
 
 def _print_json(data: dict[str, Any]) -> None:

@@ -52,9 +52,8 @@ _DEFAULTS = K8sOptions()
 @click.option(
     "--gpus-per-node",
     type=click.IntRange(min=1),
-    default=_DEFAULTS.gpus_per_node,
-    show_default=True,
-    help="A plan needing more GPUs becomes a multi-node LeaderWorkerSet.",
+    help="A plan needing more GPUs becomes a multi-node LeaderWorkerSet (default: the "
+    f"--gpus-per-node the plan was fitted for, else {_DEFAULTS.gpus_per_node}).",
 )
 @click.option("--runtime-class", help="runtimeClassName of the pods (e.g. nvidia).")
 @click.option(
@@ -88,7 +87,7 @@ def k8s_command(
     storage_class: str | None,
     gpu_label_key: str,
     gpu_product: str | None,
-    gpus_per_node: int,
+    gpus_per_node: int | None,
     runtime_class: str | None,
     hf_token_secret: str,
     pdb: bool,
@@ -122,7 +121,9 @@ def k8s_command(
         storage_class=storage_class,
         gpu_label_key=gpu_label_key,
         gpu_product=gpu_product,
-        gpus_per_node=gpus_per_node,
+        # The placement the plan was fitted for: every TP group inside one node.
+        gpus_per_node=gpus_per_node
+        or int(plan.constraints.get("gpus_per_node") or _DEFAULTS.gpus_per_node),
         runtime_class_name=runtime_class,
         hf_token_secret=hf_token_secret,
         pdb=pdb,

@@ -209,7 +209,7 @@ def serve(ctx: click.Context, /, target: str, host: str, port: int, api_key: str
         check_engine(opts["engine"], device_of(opts))
         sock = bind(host, port)  # a taken port fails now, not after minutes of fitting
         plan, _ = fit_from_flags(target, opts, progress, on_ready=handed.append,
-                                 api_key=api_key, extra_args=extra)  # fmt: skip
+                                 api_key=api_key, extra_args=extra, serving=True)  # fmt: skip
         merge_extra(plan, extra)  # the engine kept (if any) dies at exit when this refuses
     visible = _visible_gpus()
     replicas = local_replicas(plan, visible)

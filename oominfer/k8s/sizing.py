@@ -11,6 +11,7 @@ from oominfer.base.errors import InvalidSettingError, PlanError
 from oominfer.base.units import MB, GiB
 from oominfer.k8s.options import K8sOptions, Manifest
 from oominfer.planning.document import Plan
+from oominfer.planning.layout import groups
 
 GPU_RESOURCE: Final = "nvidia.com/gpu"
 
@@ -59,8 +60,9 @@ def topology(plan: Plan, options: K8sOptions) -> Topology:
     """Place the plan's pipeline stages on pods of at most ``gpus_per_node`` GPUs.
 
     A replica fits one pod when its GPUs fit one node. Otherwise each pod takes the most
-    whole stages that fit a node (vLLM's Ray executor keeps a stage's ranks on one node),
-    and the group has pipeline_parallel_size / stages_per_pod pods.
+    whole stages that fit a node (vLLM's Ray executor keeps a stage's ranks on one node) and
+    that let every replica's pods be placed on the plan's GPUs, and the group has
+    pipeline_parallel_size / stages_per_pod pods.
 
     Raises:
         InvalidSettingError: one tensor-parallel group is larger than a node.
@@ -77,7 +79,17 @@ def topology(plan: Plan, options: K8sOptions) -> Topology:
             hint="Fit the plan with tensor parallel within a node and pipeline parallel "
             "across nodes, or raise --gpus-per-node.",
         )
-    stages = max(s for s in range(1, pp + 1) if pp % s == 0 and tp * s <= options.gpus_per_node)
+    fitting = [s for s in range(1, pp + 1) if pp % s == 0 and tp * s <= options.gpus_per_node]
+    # The pods of every replica must fit the nodes the plan was fitted for (the last one may
+    # be partial: 8 GPUs on nodes of 3 are nodes of 3, 3 and 2): the most stages per pod that
+    # do, else the most that fit one node.
+    count = int(plan.gpu.get("count") or plan.gpu_count * plan.replicas)
+    placed = [
+        s
+        for s in fitting
+        if groups(tp * s, count, options.gpus_per_node) >= plan.replicas * (pp // s)
+    ]
+    stages = max(placed or fitting)
     return Topology(pods=pp // stages, stages_per_pod=stages, gpus_per_pod=tp * stages)
 
 

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal, get_args
+from typing import Any, Final, Literal, TypeVar, get_args
 
 from oominfer.base.errors import InvalidSettingError
 from oominfer.rules.versions import LATEST_VLLM, EngineVersion
 from oominfer.settings import DECLARED, Dtype, Engine
+from oominfer.settings import flag as flag_of
 from oominfer.speed.workload import INPUT_LEN, OUTPUT_LEN, Workload
 
+T = TypeVar("T")
 Prefer = Literal["balanced", "context", "throughput", "quality"]
 """What the plan trades for what (planning/costs.py orders the levers for each):
 
@@ -30,8 +32,25 @@ given: long enough for chat and most RAG prompts (capped at the model's trained 
 SHORTEST_CONTEXT: Final = 2048
 """Without ``--min-context`` no plan serves less than this (or the trained length): a shorter
 context turns away ordinary prompts, so it is reported as not fitting, with the way out."""
+SHORTEST_USEFUL: Final = 128
+"""No context below this is planned, even when asked for: a chat template and a short
+question already take about a hundred tokens, so the engine would refuse every prompt."""
 TYPICAL_LENGTH: Final = 4096
 """Tokens (prompt + output) of a typical request, for the concurrency the plan promises."""
+
+
+def check_useful_context(tokens: int | None, flag: str) -> None:
+    """Refuse a context no engine can serve a prompt in.
+
+    Raises:
+        InvalidSettingError: ``tokens`` is below SHORTEST_USEFUL.
+    """
+    if tokens is not None and 0 < tokens < SHORTEST_USEFUL:
+        raise InvalidSettingError(
+            f"{flag} {tokens:,} is too short to serve: a chat template and a short question "
+            f"alone take about {SHORTEST_USEFUL} tokens.",
+            hint=f"Pass {flag} {SHORTEST_USEFUL} or more ({flag} 4k, {flag} 32k).",
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -59,7 +78,8 @@ class Constraints:
     max_ttft: float | None = None
     """Latency requirement: seconds to the first token at most (--max-ttft)."""
     max_model_len: int | None = None
-    """A cap on the context (--max-model-len)."""
+    """The context required (--max-model-len): as to vLLM, exactly this many tokens or no
+    plan; None (``auto``, ``-1``) is the longest that fits."""
     no_quantize: bool = False
     allow_offload: bool = False
     gpu_memory_utilization: float | None = None
@@ -90,6 +110,8 @@ class Constraints:
         ):
             if value is not None and value < 1:
                 raise InvalidSettingError(f"{flag} must be positive, got {value}.")
+        check_useful_context(self.max_model_len, flag_of("max_model_len"))
+        check_useful_context(self.min_context, "--min-context")
         unknown = sorted(set(self.requested) - {d.name for d in DECLARED})
         if unknown:
             raise InvalidSettingError(f"unknown engine settings: {', '.join(unknown)}.")
@@ -126,12 +148,26 @@ class Constraints:
         return min(trained, self.max_model_len or trained)
 
     def floor(self, trained: int) -> int:
-        """The context below which a plan only goes when nothing else is left."""
-        return min(self.min_context or PRACTICAL_CONTEXT, self.context_cap(trained))
+        """The context below which a plan only goes when nothing else is left (the one asked
+        for, when --max-model-len names one)."""
+        if self.max_model_len is not None:
+            return self.max_model_len
+        return min(self.min_context or PRACTICAL_CONTEXT, trained)
 
     def hard_floor(self, trained: int) -> int:
-        """The context no plan goes below: --min-context, else SHORTEST_CONTEXT (capped)."""
-        return self.min_context or min(SHORTEST_CONTEXT, self.context_cap(trained))
+        """The context no plan goes below: --max-model-len (a requirement), --min-context,
+        else SHORTEST_CONTEXT (capped at the trained length)."""
+        if self.max_model_len is not None:
+            return self.max_model_len
+        return self.min_context or min(SHORTEST_CONTEXT, trained)
+
+    def wants(self, name: str, default: Any = None) -> Any:
+        """The value the user required for engine setting ``name``, else ``default``."""
+        return self.requested.get(name, default)
+
+    def wants_list(self, name: str, options: list[T]) -> list[T]:
+        """``options`` for a lever, or only the value the user required for it."""
+        return [self.requested[name]] if name in self.requested else options
 
     @property
     def vllm_version(self) -> EngineVersion:

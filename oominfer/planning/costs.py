@@ -36,6 +36,11 @@ LEVER_COSTS: Final = (
         "real prompts away",
     ),
     LeverCost(
+        "idle_gpus",
+        "a GPU given and left idle serves nothing: a layout or replicas that use it hold more "
+        "KV cache or serve more requests",
+    ),
+    LeverCost(
         "fewer_seqs",
         "max_num_seqs caps running requests and reserves no memory: lowering it frees only the "
         "profiling run's sampler and graph sizes, and throttles every short request",
@@ -72,16 +77,18 @@ LEVER_COSTS: Final = (
 ORDER: Final[dict[Prefer, tuple[str, ...]]] = {
     "balanced": tuple(c.name for c in LEVER_COSTS),
     "context": (
-        "cpu_offload", "shorter_context", "fewer_seqs", "eager", "weight_quantization",
+        "cpu_offload", "shorter_context", "idle_gpus", "fewer_seqs", "eager", "weight_quantization",
         "smaller_chunk", "gpus", "kv_quantization", "pipeline", "less_concurrency",
     ),
     "throughput": (
-        "cpu_offload", "below_floor", "less_throughput", "eager", "less_concurrency", "fewer_seqs",
+        "cpu_offload", "below_floor", "idle_gpus", "less_throughput", "eager", "less_concurrency",
+        "fewer_seqs",
         "weight_quantization", "smaller_chunk", "gpus", "kv_quantization", "pipeline",
         "shorter_context",
     ),
     "quality": (
-        "cpu_offload", "weight_quantization", "kv_quantization", "below_floor", "fewer_seqs",
+        "cpu_offload", "weight_quantization", "kv_quantization", "below_floor", "idle_gpus",
+        "fewer_seqs",
         "eager", "smaller_chunk", "gpus", "pipeline", "shorter_context", "less_concurrency",
     ),
 }  # fmt: skip
@@ -109,6 +116,8 @@ class Costs:
     """GiB of weights offloaded."""
     below_floor: int
     """Tokens the context falls short of the floor."""
+    idle_gpus: int
+    """GPUs given that the layout and its replicas leave unused."""
     fewer_seqs: int
     """Halvings of max_num_seqs below vLLM's default."""
     eager: int

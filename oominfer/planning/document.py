@@ -115,7 +115,7 @@ class Lever:
     """One step the planner took, and what it bought and cost."""
 
     name: str
-    """vLLM's field name (``max_model_len``, ``enforce_eager``...) or ``inference_mode``."""
+    """vLLM's field name (``max_model_len``, ``enforce_eager``...) or ``engine``."""
     value: Any
     reason: str
     saved_bytes: int = 0
@@ -195,6 +195,11 @@ class Plan:
     replicas: int = 1
     """Replicas of this layout the given GPUs serve (Deployment replicas in Kubernetes, vLLM's
     --data-parallel-size on one machine)."""
+    idle_gpus: int = 0
+    """GPUs given that neither the layout nor its replicas use (GPUs used = TP x PP x
+    replicas; used + idle = the GPUs given)."""
+    idle_reason: str = ""
+    """Why those GPUs sit idle, and the ``--gpus`` that would use them all."""
     concurrency: Concurrency | None = None
     """Requests one replica runs at once."""
     performance: Performance | None = None
@@ -281,6 +286,8 @@ def plan_from_dict(data: Any, *, source: str = "plan") -> Plan:
             predicted=_prediction(data.get("predicted")),
             baseline=_prediction(data.get("baseline")),
             replicas=int(data.get("replicas", 1)),
+            idle_gpus=int(data.get("idle_gpus", 0)),
+            idle_reason=str(data.get("idle_reason", "")),
             concurrency=_concurrency(data.get("concurrency")),
             performance=_performance(data.get("performance")),
             measured=Measured(**_section(data, "measured")) if data.get("measured") else None,

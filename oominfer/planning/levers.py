@@ -25,12 +25,18 @@ def explain(
     *,
     engine: Engine,
     version: EngineVersion,
+    asked: frozenset[str] = frozenset(),
+    longest: bool = False,
 ) -> tuple[Lever, ...]:
-    """Each lever the chosen plan turned, why, the bytes it saved and what it costs."""
+    """Each lever the chosen plan turned, why, the bytes it saved and what it costs.
+
+    A setting in ``asked`` (one the user named: ``max_model_len``, ``max_num_seqs``...) is
+    reported as set by its flag, not as a lever the planner chose. Inference mode, always on,
+    is no lever and is not listed. ``longest``: the plan already seeks the longest context
+    (``--prefer context``), so a shorter one is not offered that flag as the way back.
+    """
     s, b = best.settings, best.breakdown
     levers = [
-        Lever(name="inference_mode", value=True, reason="no autograd buffers are kept",
-              cost="none"),
         Lever(name="dtype", value=b.dtype,
               reason="bf16 needs compute capability 8.0" if b.dtype == "float16"
               else "the hardware runs the checkpoint's 16-bit dtype", cost="none"),
@@ -47,6 +53,8 @@ def explain(
         return max(0, o.non_kv_bytes - b.non_kv_bytes)
 
     def add(name: str, value: object, reason: str, cost: str, saved_bytes: int = 0) -> None:
+        if name in asked:
+            reason = f"set by {flag(name)}"
         levers.append(Lever(name=name, value=value, reason=reason, saved_bytes=saved_bytes,
                             cost=cost))  # fmt: skip
 
@@ -62,9 +70,12 @@ def explain(
             why("smaller_chunk"), "slower prefill of long prompts",
             without(max_num_batched_tokens=None))  # fmt: skip
     if best.context < spec.max_position_embeddings:
+        trained = f"the model's {spec.max_position_embeddings:,} tokens"
         add("max_model_len", best.context,
-            f"the longest context that fits without costlier levers (the model's "
-            f"{spec.max_position_embeddings:,} tokens: --prefer context): {why('shorter_context')}",
+            f"the longest context this plan fits ({trained} do not)"
+            if longest else
+            f"the longest context that fits without costlier levers ({trained}: --prefer "
+            f"context): {why('shorter_context')}",
             f"prompts + outputs limited to {best.context:,} tokens",
             b.kv_bytes_per_token * (spec.max_position_embeddings - best.context))  # fmt: skip
     if s.enforce_eager:
@@ -72,9 +83,11 @@ def explain(
         add("enforce_eager", True, f"frees {format_bytes(graphs)} of CUDA graphs",
             why("eager"), graphs)  # fmt: skip
     if s.kv_cache_dtype != defaults.kv_cache_dtype:
-        add("kv_cache_dtype", s.kv_cache_dtype, why("kv_quantization"),
-            "slight accuracy loss on long contexts",
-            b.kv_cache_tokens * b.kv_bytes_per_token)  # fmt: skip
+        # Not "bytes saved": the pool is the same size, it holds twice the tokens.
+        add("kv_cache_dtype", s.kv_cache_dtype,
+            f"{why('kv_quantization')}: the pool holds {b.kv_cache_tokens:,} tokens instead "
+            f"of {b.kv_cache_tokens // 2:,}",
+            "slight accuracy loss on long contexts")  # fmt: skip
     if s.quantization is not None:
         add("quantization", s.quantization,
             "the 16-bit weights leave too little room for the context asked for",

@@ -11,7 +11,7 @@ import math
 from collections.abc import Iterator
 
 from oominfer.base.errors import DoesNotFitError, InvalidSettingError, ModelError
-from oominfer.base.units import format_bytes
+from oominfer.base.units import counted, format_bytes
 from oominfer.hardware.hardware import Hardware
 from oominfer.memory.breakdown import MemoryBreakdown
 from oominfer.model.catalog import quantized_siblings
@@ -24,23 +24,114 @@ from oominfer.planning.search import (
     anything_fits,
     candidates,
     estimate_for,
+    kv_cache_dtypes,
+    required,
     roomiest,
+    weight_formats,
     with_offload,
 )
+from oominfer.settings import EngineSettings, flag
 
 GPU_COUNTS = (2, 4, 8, 16, 32, 64)
 """GPU counts tried as a way out."""
 
 
-def _closest(spec: ModelSpec, hardware: Hardware, c: Constraints) -> MemoryBreakdown:
-    """The most that fits: the widest layout, the smallest formats, eager, one sequence at
-    the floor."""
-    settings = dataclasses.replace(
+def _closest(
+    spec: ModelSpec, hardware: Hardware, c: Constraints
+) -> tuple[MemoryBreakdown, EngineSettings]:
+    """The most that fits under the user's own constraints: the widest layout, the smallest
+    weight format and KV-cache dtype they allow, eager, one sequence (or the concurrency
+    asked for) at the floor, with every setting they named kept. Of the weight formats, the
+    one closest to fitting."""
+    base = dataclasses.replace(
         roomiest(spec, hardware, c),
         max_model_len=c.floor(spec.max_position_embeddings),
-        max_num_seqs=1,
+        max_num_seqs=c.concurrency or 1,
     )
-    return estimate_for(spec, hardware, settings, c)
+    kv = c.wants_list("kv_cache_dtype", kv_cache_dtypes(spec, hardware, c))[-1]
+    found: list[tuple[MemoryBreakdown, EngineSettings]] = []
+    for quant in c.wants_list("quantization", weight_formats(spec, hardware, c)):
+        settings = required(dataclasses.replace(base, quantization=quant, kv_cache_dtype=kv), c)
+        try:
+            found.append((estimate_for(spec, hardware, settings, c), settings))
+        except InvalidSettingError:
+            continue
+    if not found:
+        settings = required(base, c)
+        return estimate_for(spec, hardware, settings, c), settings
+    return min(found, key=lambda pair: (not pair[0].fits, pair[0].shortfall_bytes))
+
+
+def _held_back(spec: ModelSpec, hardware: Hardware, c: Constraints) -> Iterator[str]:
+    """The levers the user's preference or flags held back that would fit, each with the
+    flag that releases it."""
+    released = next(
+        (
+            other
+            for other in ("balanced", "context")
+            if c.prefer == "quality"
+            and anything_fits(spec, hardware, dataclasses.replace(c, prefer=other))
+        ),
+        None,
+    )
+    if released is not None:
+        yield f"--prefer {released} (quantized weights or an FP8 KV cache, held back by quality)"
+    elif (
+        c.prefer == "quality"
+        and c.engine == "vllm"
+        and not hardware.is_cpu
+        and spec.quantization is None
+        and anything_fits(
+            spec, hardware, dataclasses.replace(c, prefer="balanced", engine="transformers")
+        )
+    ):
+        yield (
+            "--prefer balanced --engine transformers (bitsandbytes int8 or nf4 weights, held "
+            "back by quality)"
+        )
+    if c.no_quantize and anything_fits(spec, hardware, dataclasses.replace(c, no_quantize=False)):
+        yield "drop --no-quantize (quantized weights)"
+    if (
+        c.engine == "vllm"
+        and not hardware.is_cpu
+        and c.quantizes_weights
+        and spec.quantization is None
+        and anything_fits(spec, hardware, dataclasses.replace(c, engine="transformers"))
+    ):
+        yield "--engine transformers (bitsandbytes int8 or nf4 weights, which vLLM lacks here)"
+    for name, value in c.requested.items():
+        rest = {k: v for k, v in c.requested.items() if k != name}
+        if anything_fits(spec, hardware, dataclasses.replace(c, requested=rest)):
+            shown = "" if value is True else f" {value}"
+            yield f"without {flag(name)}{shown}"
+    if c.max_model_len is not None:
+        longest = max(
+            (
+                cand.context
+                for cand in candidates(spec, hardware, dataclasses.replace(c, max_model_len=None))
+            ),
+            default=0,
+        )
+        if longest:
+            yield f"{flag('max_model_len')} {longest} (the longest that fits)"
+
+
+def _fitting_requests(spec: ModelSpec, hardware: Hardware, c: Constraints) -> int:
+    """The most requests of the typical length that do run at once without --concurrency."""
+    free = dataclasses.replace(c, concurrency=None)
+    return max((cand.total_running for cand in candidates(spec, hardware, free)), default=0)
+
+
+def _kv_layout(spec: ModelSpec) -> str:
+    """The KV cache as the model has it: sliding-window and global layers counted apart."""
+    full = sum(1 for k in spec.layer_kinds if k == "full")
+    sliding = sum(1 for k in spec.layer_kinds if k == "sliding")
+    if not sliding or not spec.sliding_window:
+        return ""
+    return (
+        f" ({full} global layers cache every token, {sliding} sliding-window layers at most "
+        f"{spec.sliding_window:,})"
+    )
 
 
 def _ways_out(spec: ModelSpec, hardware: Hardware, c: Constraints) -> Iterator[str]:
@@ -93,30 +184,54 @@ def _ways_out(spec: ModelSpec, hardware: Hardware, c: Constraints) -> Iterator[s
 
 
 def does_not_fit(spec: ModelSpec, hardware: Hardware, c: Constraints) -> DoesNotFitError:
-    """The error for a model that cannot fit, with the shortfall and the ways out."""
-    b = _closest(spec, hardware, c)
+    """The error for a model that cannot fit: the closest plan under the user's own
+    constraints and its shortfall (need minus budget), and the ways out, those a preference
+    or flag held back first."""
+    b, closest = _closest(spec, hardware, c)
     where = hardware.describe()
     floor = c.floor(spec.max_position_embeddings)
+    ways = list(_held_back(spec, hardware, c))
     if b.kv_cache_bytes <= 0:
         need = b.non_kv_bytes
         why = (
-            f"the weights and activations need {format_bytes(need)} per GPU, the budget is "
-            f"{format_bytes(b.budget_bytes)} (short by {format_bytes(need - b.budget_bytes)})"
+            f"the weights and activations of the closest plan ({_describe(b, closest)}) need "
+            f"{format_bytes(need)} per GPU, the budget is {format_bytes(b.budget_bytes)} "
+            f"(short by {format_bytes(max(need - b.budget_bytes, 0))} before any KV cache)"
         )
         shortfall = max(need - b.budget_bytes, 1)
     elif c.concurrency and b.max_model_len_that_fits >= floor:
-        why = f"{c.concurrency} requests of {c.typical_length:,} tokens do not fit at once"
+        fitting = _fitting_requests(spec, hardware, c)
+        why = (
+            f"{counted(c.concurrency, 'request')} of {counted(c.typical_length, 'token')} do "
+            f"not fit at once; {fitting:,} do"
+        )
+        if fitting:
+            ways.insert(0, f"--concurrency {fitting}")
         shortfall = b.shortfall_bytes
     else:
+        asked = flag("max_model_len") if c.max_model_len is not None else "the floor"
         why = (
-            f"the KV cache left holds {b.max_model_len_that_fits:,} tokens per request, "
-            f"fewer than the {floor:,} asked for"
+            f"the KV cache left in the closest plan ({_describe(b, closest)}) holds "
+            f"{counted(b.max_model_len_that_fits, 'token')} per request{_kv_layout(spec)}, "
+            f"fewer than the {floor:,} of {asked}"
         )
         shortfall = max(
             b.shortfall_bytes, b.kv_bytes_per_token * (floor - b.max_model_len_that_fits)
         )
+    ways += [w for w in _ways_out(spec, hardware, c) if w not in ways]
     return DoesNotFitError(
-        f"{spec.model_id} does not fit {where} even with every lever turned: {why}.",
+        f"{spec.model_id} does not fit {where} with the levers these constraints allow: {why}.",
         shortfall_bytes=max(shortfall, 1),
-        ways_out=list(_ways_out(spec, hardware, c)),
+        ways_out=ways,
     )
+
+
+def _describe(b: MemoryBreakdown, s: EngineSettings) -> str:
+    """The closest plan's shape in a few words."""
+    parts = [f"TP {s.tensor_parallel_size} x PP {s.pipeline_parallel_size}"]
+    parts.append(f"{s.quantization} weights" if s.quantization else f"{b.dtype} weights")
+    if s.kv_cache_dtype != "auto":
+        parts.append(f"{s.kv_cache_dtype} KV cache")
+    if s.enforce_eager:
+        parts.append("eager")
+    return ", ".join(parts)

@@ -36,6 +36,7 @@ def costs(cand: Candidate, spec: ModelSpec, hardware: Hardware, c: Constraints) 
     return Costs(
         cpu_offload=math.ceil(s.cpu_offload_gb),
         below_floor=max(0, c.floor(spec.max_position_embeddings) - cand.context),
+        idle_gpus=cand.idle_gpus,
         fewer_seqs=halvings(default_seqs, s.max_num_seqs or default_seqs),
         eager=int(s.enforce_eager),
         weight_quantization=QUANTIZATION_RANK.get(s.quantization, 1),

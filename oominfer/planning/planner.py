@@ -13,7 +13,9 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Final
 
 from oominfer.base.errors import InvalidSettingError
 from oominfer.hardware.hardware import Hardware
@@ -21,16 +23,17 @@ from oominfer.memory.breakdown import MemoryBreakdown
 from oominfer.model.spec import ModelSpec
 from oominfer.planning.constraints import Constraints, Prefer
 from oominfer.planning.document import Alternative, Concurrency, Lever
-from oominfer.planning.layout import layouts, on_layout
+from oominfer.planning.layout import Layout, idle_reason, layouts, on_layout
 from oominfer.planning.levers import explain
 from oominfer.planning.no_fit import does_not_fit
 from oominfer.planning.objective import best, costs
-from oominfer.planning.refusals import check_checkpoint, engine_for
+from oominfer.planning.refusals import check_checkpoint, check_requested, engine_for
 from oominfer.planning.search import (
     Candidate,
     candidates,
     default_settings,
     estimate_for,
+    required,
     settle,
     with_offload,
 )
@@ -60,6 +63,9 @@ class PlanResult:
     """vLLM's defaults on the same hardware (None when they cannot even be estimated)."""
     candidates: int
     replicas: int = 1
+    idle_gpus: int = 0
+    """GPUs given that the layout and its replicas leave unused."""
+    idle_reason: str = ""
     concurrency: Concurrency | None = None
     performance: Performance | None = None
     """The predicted speed of the typical request (None where it cannot be predicted)."""
@@ -77,6 +83,7 @@ def plan(spec: ModelSpec, hardware: Hardware, constraints: Constraints) -> PlanR
     """
     c, switched = engine_for(spec, constraints)
     check_checkpoint(spec, hardware, c)
+    check_requested(spec, hardware, c)
     found = list(candidates(spec, hardware, c))
     chosen = _defaults_that_fit(spec, hardware, c)
     defaults_fit = chosen is not None
@@ -90,15 +97,21 @@ def plan(spec: ModelSpec, hardware: Hardware, constraints: Constraints) -> PlanR
             chosen = pick
     if chosen is None:
         chosen = best(found, spec, hardware, c)
+        if chosen is not None:
+            chosen = _worth_it(chosen, found, spec, hardware, c)
     if chosen is None and c.allow_offload and not hardware.is_cpu:
         found = with_offload(spec, hardware, c)
         chosen = best(found, spec, hardware, c)
     if chosen is None:
         raise does_not_fit(spec, hardware, c)
     chosen = _with_dtype(spec, hardware, c, chosen)
-    levers = explain(spec, hardware, chosen, engine=c.engine, version=c.vllm_version)
+    asked = frozenset(c.requested) | ({"max_model_len"} if c.max_model_len else set())
+    levers = explain(
+        spec, hardware, chosen, engine=c.engine, version=c.vllm_version, asked=asked,
+        longest=c.prefer == "context",
+    )  # fmt: skip
     if switched is not None:
-        levers = (*levers[:2], switched, *levers[2:])
+        levers = (*levers[:1], switched, *levers[1:])
     return PlanResult(
         engine=c.engine,
         settings=chosen.settings,
@@ -107,11 +120,17 @@ def plan(spec: ModelSpec, hardware: Hardware, constraints: Constraints) -> PlanR
         baseline=_baseline(spec, hardware, c),
         candidates=len(found),
         replicas=chosen.replicas,
+        idle_gpus=chosen.idle_gpus,
+        idle_reason=idle_reason(_layout(chosen), hardware, c.gpus_per_node),
         concurrency=concurrency(chosen),
         performance=performance_of(chosen, spec, hardware, c),
         alternatives=_alternatives(spec, hardware, c, chosen, found),
         defaults_fit=defaults_fit,
     )
+
+
+def _layout(cand: Candidate) -> Layout:
+    return Layout(cand.settings.tensor_parallel_size, cand.settings.pipeline_parallel_size)
 
 
 def concurrency(cand: Candidate) -> Concurrency:
@@ -124,13 +143,61 @@ def concurrency(cand: Candidate) -> Concurrency:
 
 
 def _defaults_that_fit(spec: ModelSpec, hardware: Hardware, c: Constraints) -> Candidate | None:
-    """vLLM's defaults on the fewest GPUs where they fit at full context, or None."""
-    defaults = default_settings(spec, hardware, c)
+    """vLLM's defaults on the fewest GPUs where they fit at full context and leave no GPU
+    idle (the spare ones serve replicas), or None."""
+    defaults = required(default_settings(spec, hardware, c), c)
     for layout in layouts(spec, hardware, c):
         found = settle(spec, hardware, c, on_layout(defaults, layout, c), layout)
-        if found is not None and found.context == defaults.max_model_len:
+        if found is not None and found.context == defaults.max_model_len and not found.idle_gpus:
             return found
     return None
+
+
+MARGINAL: Final = 1.25
+"""Eager mode or a max_num_seqs below FEW_SEQS must buy at least this much more context."""
+FEW_SEQS: Final = 8
+
+
+def _worth_it(
+    chosen: Candidate, found: list[Candidate], spec: ModelSpec, hardware: Hardware, c: Constraints
+) -> Candidate:
+    """``chosen``, unless it turns eager mode or a max_num_seqs below FEW_SEQS for marginal
+    context: then the best plan without that lever.
+
+    Without CUDA graphs every decode step is slower, and a handful of sequences throttles
+    every short request; both are worth it only for 25% more context or to reach a length
+    the user asked for (the floor), never for 114k tokens instead of 99k. The plan without
+    it turns no lever the chosen one does not (eager mode is not traded for fewer
+    sequences).
+    """
+    floor = c.floor(spec.max_position_embeddings)
+
+    def few_seqs(cand: Candidate) -> bool:
+        return (cand.settings.max_num_seqs or FEW_SEQS) < FEW_SEQS
+
+    def eager(cand: Candidate) -> bool:
+        return cand.settings.enforce_eager
+
+    levers: tuple[tuple[str, Callable[[Candidate], bool]], ...] = (
+        ("max_num_seqs", few_seqs),
+        ("enforce_eager", eager),
+    )
+    pool = found
+    for name, turns in levers:
+        if name in c.requested:
+            continue
+        pool = [cand for cand in pool if not turns(cand)]
+        if not turns(chosen):
+            continue
+        mine = costs(chosen, spec, hardware, c)
+        # The plan without the lever, turning nothing else the chosen one does not.
+        fair = [cand for cand in pool if not costs(cand, spec, hardware, c).turned(mine)]
+        alt = best(fair, spec, hardware, c)
+        if alt is None or (alt.context < floor <= chosen.context):
+            continue
+        if chosen.context < MARGINAL * alt.context:
+            chosen = alt
+    return chosen
 
 
 def _with_dtype(spec: ModelSpec, hardware: Hardware, c: Constraints, cand: Candidate) -> Candidate:

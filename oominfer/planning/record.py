@@ -79,6 +79,8 @@ def make_plan(
         predicted=Prediction.of(result.breakdown),
         baseline=Prediction.of(result.baseline) if result.baseline else None,
         replicas=result.replicas,
+        idle_gpus=result.idle_gpus,
+        idle_reason=result.idle_reason,
         concurrency=result.concurrency,
         performance=result.performance,
         measured=measured,

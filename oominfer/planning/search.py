@@ -22,7 +22,7 @@ from oominfer.memory.profile import vllm_defaults
 from oominfer.model.spec import ModelSpec
 from oominfer.planning.constraints import Constraints
 from oominfer.planning.costs import WEIGHT_ONLY_FP8
-from oominfer.planning.layout import Layout, layouts, on_layout, replicas
+from oominfer.planning.layout import Layout, idle_gpus, layouts, on_layout, replicas
 from oominfer.rules import kv_cache as kv_cache_rules
 from oominfer.rules import quantization as quantization_rules
 from oominfer.rules.dtypes import compute_dtype
@@ -41,6 +41,8 @@ class Candidate:
     breakdown: MemoryBreakdown
     replicas: int = 1
     """Replicas the given GPUs serve with this layout."""
+    idle_gpus: int = 0
+    """GPUs given that neither the layout nor its replicas use."""
     typical_length: int
     """Tokens of a typical request (the concurrency is counted in these)."""
 
@@ -153,8 +155,23 @@ def _deprecated(spec: ModelSpec) -> bool:
     return "--allow-deprecated-quantization" in quantization_rules.flags_for(method)
 
 
+def required(settings: EngineSettings, c: Constraints) -> EngineSettings:
+    """``settings`` with every engine setting the user named (``Constraints.requested``):
+    each is a requirement, as it is to vLLM, so no lever turns it. A prefill chunk asked
+    for below max_num_seqs takes max_num_seqs down with it (vLLM: a step holds a token of
+    every running sequence), unless max_num_seqs was asked for too."""
+    if not c.requested:
+        return settings
+    fields = dict(c.requested)
+    chunk = fields.get("max_num_batched_tokens")
+    if chunk is not None and "max_num_seqs" not in fields and settings.max_num_seqs:
+        fields["max_num_seqs"] = min(settings.max_num_seqs, chunk)
+    return dataclasses.replace(settings, **fields)
+
+
 def candidates(spec: ModelSpec, hardware: Hardware, c: Constraints) -> Iterator[Candidate]:
-    """Every configuration on the lever grid that fits at least the hard floor."""
+    """Every configuration on the lever grid that fits at least the hard floor; a lever the
+    user set (``max_num_seqs``, ``quantization``, ``enforce_eager``) stays where it was set."""
     cap = c.context_cap(spec.max_position_embeddings)
     default_chunk, default_seqs = vllm_defaults(hardware)
     seq_steps = sorted({s for s in (default_seqs, *SEQ_STEPS) if s <= default_seqs}, reverse=True)
@@ -162,6 +179,12 @@ def candidates(spec: ModelSpec, hardware: Hardware, c: Constraints) -> Iterator[
     chunks: list[int | None] = [None]
     if not hardware.is_cpu:
         chunks += [n for n in CHUNK_STEPS if n < default_chunk]
+    if "max_num_seqs" in c.requested:
+        seq_steps = [c.requested["max_num_seqs"]]
+    if "max_num_batched_tokens" in c.requested:
+        chunks = [c.requested["max_num_batched_tokens"]]
+    if "enforce_eager" in c.requested:
+        eager_options = [bool(c.requested["enforce_eager"])]
     variants = [
         (eager, seqs, chunk)
         for eager in eager_options
@@ -169,9 +192,9 @@ def candidates(spec: ModelSpec, hardware: Hardware, c: Constraints) -> Iterator[
         for chunk in chunks
         if chunk is None or chunk >= seqs  # vLLM: batched tokens >= max_num_seqs
     ]
-    formats = weight_formats(spec, hardware, c)
-    kv_dtypes = kv_cache_dtypes(spec, hardware, c)
-    base = dataclasses.replace(default_settings(spec, hardware, c), max_model_len=cap)
+    formats = c.wants_list("quantization", weight_formats(spec, hardware, c))
+    kv_dtypes = c.wants_list("kv_cache_dtype", kv_cache_dtypes(spec, hardware, c))
+    base = required(dataclasses.replace(default_settings(spec, hardware, c), max_model_len=cap), c)
     for layout in layouts(spec, hardware, c):
         laid = on_layout(base, layout, c)
         for quant in formats:
@@ -188,7 +211,7 @@ def candidates(spec: ModelSpec, hardware: Hardware, c: Constraints) -> Iterator[
                     found = settle(spec, hardware, c, settings, layout)
                     if found is not None:
                         yield found
-                        if found.context == cap and seqs == default_seqs and chunk is None:
+                        if found.context == cap and seqs == seq_steps[0] and chunk == chunks[0]:
                             # Graphs, vLLM's concurrency cap and prefill chunk already reach
                             # the cap: every other variant only pays more for the same.
                             break
@@ -256,7 +279,8 @@ def settle(
         settings=settings,
         breakdown=b,
         # Data parallel engines live inside one server: a replica is the whole server.
-        replicas=max(1, replicas(layout, hardware) // settings.data_parallel_size),
+        replicas=max(1, replicas(layout, hardware, c.gpus_per_node) // settings.data_parallel_size),
+        idle_gpus=idle_gpus(layout, hardware, c.gpus_per_node),
         typical_length=c.typical_length,
     )
     if c.concurrency and found.total_running < c.concurrency:
@@ -270,10 +294,11 @@ def anything_fits(spec: ModelSpec, hardware: Hardware, c: Constraints) -> bool:
     floor = c.floor(spec.max_position_embeddings)
     eager = not hardware.is_cpu and c.engine == "vllm"
     for layout in layouts(spec, hardware, c):
-        for quant in weight_formats(spec, hardware, c)[-1:]:
+        kv = c.wants_list("kv_cache_dtype", kv_cache_dtypes(spec, hardware, c))[-1]
+        for quant in c.wants_list("quantization", weight_formats(spec, hardware, c))[-1:]:
             settings = EngineSettings(
                 quantization=quant,
-                kv_cache_dtype=kv_cache_dtypes(spec, hardware, c)[-1],
+                kv_cache_dtype=kv,
                 gpu_memory_utilization=_utilization(c),
                 max_model_len=floor,
                 max_num_seqs=c.concurrency or 1,
@@ -284,7 +309,7 @@ def anything_fits(spec: ModelSpec, hardware: Hardware, c: Constraints) -> bool:
                 kv_cache_memory_bytes=c.kv_cache_memory_bytes,
                 **operator_settings(c),  # type: ignore[arg-type]
             )
-            found = settle(spec, hardware, c, settings, layout)
+            found = settle(spec, hardware, c, required(settings, c), layout)
             if found is not None and found.context >= floor:
                 return True
     return False
@@ -295,8 +320,13 @@ def roomiest(spec: ModelSpec, hardware: Hardware, c: Constraints) -> EngineSetti
     and cache one layout of these GPUs has."""
     widest = max(layouts(spec, hardware, c), key=lambda layout: layout.world_size)
     eager = not hardware.is_cpu and c.engine == "vllm"
-    return on_layout(
-        dataclasses.replace(default_settings(spec, hardware, c), enforce_eager=eager), widest, c
+    return required(
+        on_layout(
+            dataclasses.replace(default_settings(spec, hardware, c), enforce_eager=eager),
+            widest,
+            c,
+        ),
+        c,
     )
 
 

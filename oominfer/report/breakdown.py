@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from oominfer.base.units import format_bytes
+from oominfer.base.units import counted, format_bytes
 from oominfer.hardware.hardware import Hardware
 from oominfer.memory.breakdown import MemoryBreakdown
 from oominfer.model.spec import ModelSpec
@@ -141,8 +141,8 @@ def verdict(b: Prediction) -> tuple[bool, str]:
     """(fits, one-line verdict with the shortfall and the fix)."""
     if b.fits:
         return True, (
-            f"FITS: {b.kv_cache_tokens:,} KV tokens hold {b.max_concurrency:g} requests of "
-            f"{b.max_model_len:,} tokens."
+            f"FITS: the KV cache holds {counted(b.kv_cache_tokens, 'token')}: "
+            f"{counted(b.max_concurrency, 'request')} of {counted(b.max_model_len, 'token')}."
         )
     if b.overcommitted_bytes > 0:
         room = b.total_bytes - b.non_kv_bytes
@@ -153,10 +153,11 @@ def verdict(b: Prediction) -> tuple[bool, str]:
             f"try --kv-cache-memory-bytes {max(room, 0) // 2**20}MiB or less."
         )
     if b.kv_cache_bytes <= 0:
+        over = b.non_kv_bytes - b.budget_bytes
         return False, (
             f"DOES NOT FIT: weights and activations need {format_bytes(b.non_kv_bytes)} but the "
-            f"budget is {format_bytes(b.budget_bytes)}; no memory is left for the KV cache "
-            f"(short by {format_bytes(b.shortfall_bytes)})."
+            f"budget is {format_bytes(b.budget_bytes)} (short by {format_bytes(max(over, 0))}, "
+            f"{format_bytes(b.shortfall_bytes)} with one request's KV cache)."
         )
     fix = (
         f"{flag('max_model_len')} {b.max_model_len_that_fits}"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shlex
 
-from oominfer.base.units import format_bytes
+from oominfer.base.units import counted, format_bytes
 from oominfer.planning.document import Alternative, Concurrency, Plan
 from oominfer.report.breakdown import bar_line, verdict
 from oominfer.report.speed import speed_phrase
@@ -38,11 +38,12 @@ def lever_phrase(name: str, s: EngineSettings) -> str:
 
 def serves_line(s: EngineSettings, concurrency: Concurrency | None, replicas: int) -> str:
     """What a plan serves: its context, the requests of a typical length at once, replicas."""
-    text = f"{s.max_model_len or 0:,} tokens per request"
+    text = f"{counted(s.max_model_len or 0, 'token')} per request"
     if concurrency is not None:
         text += (
-            f"; {concurrency.typical_requests:,} requests of {concurrency.typical_length:,} "
-            f"tokens at once (full length: {concurrency.full_length_requests:g})"
+            f"; {counted(concurrency.typical_requests, 'request')} of "
+            f"{counted(concurrency.typical_length, 'token')} at once "
+            f"(full length: {concurrency.full_length_requests:g})"
         )
     if replicas > 1:
         text += f"; {replicas} replicas of {s.world_size} GPU{'s' if s.world_size > 1 else ''}"
@@ -107,6 +108,9 @@ def fit_report(plan: Plan, *, cached: bool = False) -> list[str]:
     lines.append("")
     lines.append("Serves: " + serves_line(plan.settings, plan.concurrency, plan.replicas) + ".")
     lines.extend(_speed(plan))
+    if plan.idle_gpus:
+        s = "s" if plan.idle_gpus > 1 else ""
+        lines.append(f"Idle: {plan.idle_gpus} GPU{s}: {plan.idle_reason}.")
     lines.append("")
     lines.append("Levers:")
     for lever in plan.levers:
@@ -117,9 +121,12 @@ def fit_report(plan: Plan, *, cached: bool = False) -> list[str]:
         lines.append("")
         lines.append(f"  this plan     {bar_line(plan.predicted)}")
         if plan.baseline is not None:
-            _, line = verdict(plan.baseline)
-            lines.append(f"  vLLM defaults {bar_line(plan.baseline)}")
-            lines.append(f"  (defaults: {line})")
+            fits, line = verdict(plan.baseline)
+            # A bar of defaults that do not fit would look like the plan's (the same pool,
+            # too small for one request): the verdict says it instead.
+            if fits:
+                lines.append(f"  vLLM defaults {bar_line(plan.baseline)}")
+            lines.append(f"  (vLLM defaults: {line})")
         lines.append(verdict(plan.predicted)[1])
     if plan.alternatives:
         lines.append("")

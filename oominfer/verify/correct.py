@@ -17,7 +17,7 @@ from oominfer.planning.constraints import Constraints
 from oominfer.planning.document import Lever
 from oominfer.planning.planner import PlanResult
 from oominfer.runtime.status import ProbeStatus
-from oominfer.settings import EngineSettings
+from oominfer.settings import EngineSettings, flag
 from oominfer.verify.prober import ProbeResult
 
 
@@ -39,11 +39,13 @@ def correct(
     facts = outcome.facts
     if outcome.status is ProbeStatus.KV_CACHE_TOO_SMALL and facts.estimated_max_model_len:
         length = facts.estimated_max_model_len
-        if length < c.hard_floor(spec.max_position_embeddings):
+        floor = c.hard_floor(spec.max_position_embeddings)
+        if length < floor:
+            # A --max-model-len given is a requirement, as to vLLM: never silently less.
+            name = flag("max_model_len") if c.max_model_len is not None else "--min-context"
             raise DoesNotFitError(
-                f"the engine holds at most {length:,} tokens per request, below --min-context "
-                f"{c.hard_floor(spec.max_position_embeddings):,}.",
-                hint=f"Lower --min-context to {length} or add GPUs.",
+                f"the engine holds at most {length:,} tokens per request, below {name} {floor:,}.",
+                hint=f"Pass {name} {length} or less, or add GPUs.",
             )
         lever = Lever(
             name="max_model_len",

@@ -81,12 +81,19 @@ def fit(
             return FitResult(plan=found, planned=None, cached=True)
 
     c = constraints
-    result = plan(spec, hardware, c)
-    settings = result.settings
-    if not use_estimate:
+
+    def planned_for(c: Constraints) -> PlanResult:
+        """The plan; with --no-estimate at the length asked for (or measured), which the
+        engine, not the estimate, judges."""
+        if use_estimate:
+            return plan(spec, hardware, c)
+        result = plan(spec, hardware, dataclasses.replace(c, max_model_len=None))
         wanted = c.context_cap(spec.max_position_embeddings)
-        settings = dataclasses.replace(settings, max_model_len=wanted)
-        result = dataclasses.replace(result, settings=settings)
+        settings = dataclasses.replace(result.settings, max_model_len=wanted)
+        return dataclasses.replace(result, settings=settings)
+
+    result = planned_for(c)
+    settings = result.settings
     if prober is None:
         return FitResult(
             plan=make_plan(spec, hardware, c, result, engine_version=engine_version),
@@ -117,7 +124,7 @@ def fit(
             )
         c, lever = correct(spec, hardware, c, settings, result, outcome)
         extra.append(lever)
-        result = plan(spec, hardware, c)
+        result = planned_for(c)
         settings = result.settings
     last = probes[-1]
     raise DoesNotFitError(
