@@ -62,7 +62,8 @@ def test_llama8b_l4_balanced_keeps_bf16_graphs_and_concurrency() -> None:
     assert 8192 <= (s.max_model_len or 0) <= 40960
     assert s.max_num_seqs == 256 and not s.enforce_eager and s.max_num_batched_tokens is None
     assert names(r) == ["dtype", "max_model_len"]
-    # the longest context bf16 weights, cache and graphs allow
+    # the longest context bf16 weights, cache and graphs allow, in whole 8k steps (33,584
+    # tokens fit: 32,768 is served, the slack goes to concurrency)
     longest = max(
         cand.context
         for cand in candidates(spec(LLAMA_8B), hw("L4"), Constraints(prefer="quality"))
@@ -70,7 +71,7 @@ def test_llama8b_l4_balanced_keeps_bf16_graphs_and_concurrency() -> None:
         and cand.settings.max_num_seqs == 256
         and cand.settings.max_num_batched_tokens is None
     )
-    assert s.max_model_len == longest
+    assert s.max_model_len == longest // 8192 * 8192 < longest
     assert r.baseline is not None and not r.baseline.fits
     assert r.concurrency is not None and r.concurrency.typical_requests >= 4
 

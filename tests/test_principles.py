@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 from pathlib import Path
-from typing import Any
 
 import pytest
 from _scripts import load_script
@@ -235,30 +234,8 @@ SCENARIOS = ADVICE.load_scenarios(REPO / "tests" / "data" / "advice_scenarios.js
 # of CUDA graphs for Llama-3.1-8B; the graphs fitted on the logs take 0.51 GiB (c17 logged
 # 0.55 GiB for the same model), so bf16 with graphs now holds ~33-35k tokens. Strict: an
 # update of shared/advice/scenarios.json turns these into XPASS, to be removed here.
-MOVED_BY_THE_GRAPH_FIT = ("llama8b-l4", "llama8b-a10g")
-
-
-def _scenario_cases() -> list[Any]:
-    return [
-        pytest.param(
-            s,
-            id=str(s["id"]),
-            marks=[
-                pytest.mark.xfail(
-                    reason="the graph fit of issue 16 lengthens the plan past the scenario's "
-                    "32768 cap (see MOVED_BY_THE_GRAPH_FIT)",
-                    strict=True,
-                )
-            ]
-            if s["id"] in MOVED_BY_THE_GRAPH_FIT
-            else [],
-        )
-        for s in SCENARIOS
-    ]
-
-
 @pytest.mark.parametrize("version", ["0.32", "0.33"])
-@pytest.mark.parametrize("scenario", _scenario_cases())
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=[str(s["id"]) for s in SCENARIOS])
 def test_advice_scenario(scenario: dict[str, object], version: str) -> None:
     """bench/advice.py's scenarios: plans an experienced operator would ship, planned for
     either vLLM release."""

@@ -74,8 +74,8 @@ def explain(
         add("max_model_len", best.context,
             f"the longest context this plan fits ({trained} do not)"
             if longest else
-            f"the longest context that fits without costlier levers ({trained}: --prefer "
-            f"context): {why('shorter_context')}",
+            f"a practical context (whole 8k steps) within what fits without costlier levers "
+            f"({trained}: --prefer context): {why('shorter_context')}",
             f"prompts + outputs limited to {best.context:,} tokens",
             b.kv_bytes_per_token * (spec.max_position_embeddings - best.context))  # fmt: skip
     if s.enforce_eager:

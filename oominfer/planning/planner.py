@@ -99,6 +99,7 @@ def plan(spec: ModelSpec, hardware: Hardware, constraints: Constraints) -> PlanR
         chosen = best(found, spec, hardware, c)
         if chosen is not None:
             chosen = _worth_it(chosen, found, spec, hardware, c)
+            chosen = _practical(chosen, spec, hardware, c)
     if chosen is None and c.allow_offload and not hardware.is_cpu:
         found = with_offload(spec, hardware, c)
         chosen = best(found, spec, hardware, c)
@@ -156,6 +157,25 @@ def _defaults_that_fit(spec: ModelSpec, hardware: Hardware, c: Constraints) -> C
 MARGINAL: Final = 1.25
 """Eager mode or a max_num_seqs below FEW_SEQS must buy at least this much more context."""
 FEW_SEQS: Final = 8
+
+
+CONTEXT_STEP: Final = 8192
+"""Contexts people configure are whole multiples of 8k tokens (8k, 16k, 32k, 40k, ...)."""
+
+
+def _practical(cand: Candidate, spec: ModelSpec, hardware: Hardware, c: Constraints) -> Candidate:
+    """A context given up is served at a whole multiple of CONTEXT_STEP tokens, not at the
+    last token the pool holds: 34,576 tokens become 32,768 and the slack goes to
+    concurrency (principle 3: shorten to a practical length). Not for ``--prefer context``
+    (the longest is what was asked), a length the user named, or the model's own length."""
+    trained = spec.max_position_embeddings
+    if c.prefer == "context" or c.max_model_len is not None or cand.context >= trained:
+        return cand
+    rounded = cand.context // CONTEXT_STEP * CONTEXT_STEP
+    if rounded == cand.context or rounded < c.floor(trained):
+        return cand
+    shorter = settle(spec, hardware, c, dataclasses.replace(cand.settings, max_model_len=rounded))
+    return shorter if shorter is not None and shorter.context == rounded else cand
 
 
 def _worth_it(
@@ -239,6 +259,8 @@ def _alternatives(
             and (other.quantizes_kv or cand.settings.kv_cache_dtype == "auto")
         ]
         pick = best(pool, spec, hardware, other)
+        if pick is not None:
+            pick = _practical(pick, spec, hardware, other)
         if pick is None or seen.get(pick.settings) == -1:
             continue
         if pick.settings in seen:  # the same plan is best at two things
