@@ -16,10 +16,8 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from oominfer.base.errors import InvalidSettingError, ModelNotFoundError
-from oominfer.hardware.gpu import GpuSpec
 from oominfer.memory.dtypes import dtype_bytes
 from oominfer.memory.kv import kv_bytes_per_token_layer
-from oominfer.memory.profile import cuda_graph_bytes
 from oominfer.memory.weights import weight_format, weights_bytes
 from oominfer.model.load import load_spec
 from oominfer.model.spec import ATTENTION_KINDS, ModelSpec
@@ -172,30 +170,6 @@ def _layer_bytes(spec: ModelSpec, dtype: str, quantization: str | None) -> int:
     linear = elem if fmt is None or fmt.experts_only else quant
     p = spec.params
     return int(p.layer_linear[-1] * linear + p.layer_experts[-1] * quant + p.layer_other[-1] * elem)
-
-
-def draft_graph_bytes(
-    d: Draft,
-    *,
-    gpu: GpuSpec,
-    tp: int,
-    max_num_seqs: int,
-    max_num_batched_tokens: int,
-    largest: int,
-    version: EngineVersion,
-) -> int:
-    """CUDA graphs of the draft: captured for the same batch sizes as the target's, so the
-    target's graph model over the draft's own layers and width (``cuda_graph_bytes``)."""
-    return cuda_graph_bytes(
-        layers=d.layers,
-        hidden_size=d.hidden_size,
-        gpu=gpu,
-        tp=tp,
-        max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=max_num_batched_tokens,
-        largest=largest,
-        version=version,
-    )
 
 
 def lora_slot_bytes(spec: ModelSpec, s: EngineSettings, *, dtype: str, tokens: int) -> int:

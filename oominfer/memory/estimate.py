@@ -26,7 +26,6 @@ from oominfer.memory.additions import (
     Draft,
     check_additions,
     draft,
-    draft_graph_bytes,
     expert_share,
     lora_cpu_cache_bytes,
     lora_slot_bytes,
@@ -167,18 +166,26 @@ def estimate(
     # smallest block count among them (v1/core/kv_cache_utils.py get_kv_cache_configs), so
     # the stage with the fewest blocks decides.
     largest = max_capture_size(gpu, spec)
-    if proposer is not None and device == "cuda" and not s.enforce_eager:
+
+    def graphs_of(layers: int, hidden_size: int) -> int:
+        """CUDA-graph memory of ``layers`` captured at this plan's sizes (none when eager);
+        a draft's graphs are captured at the same sizes as the target's."""
+        if device != "cuda" or s.enforce_eager:
+            return 0
+        return cuda_graph_bytes(
+            layers=layers,
+            hidden_size=hidden_size,
+            gpu=gpu,
+            tp=tp,
+            max_num_seqs=seqs,
+            max_num_batched_tokens=batched,
+            largest=largest,
+            version=version,
+        )
+
+    if proposer is not None:
         extra = dataclasses.replace(
-            extra,
-            speculative_graph_bytes=draft_graph_bytes(
-                proposer,
-                gpu=gpu,
-                tp=tp,
-                max_num_seqs=seqs,
-                max_num_batched_tokens=batched,
-                largest=largest,
-                version=version,
-            ),
+            extra, speculative_graph_bytes=graphs_of(proposer.layers, proposer.hidden_size)
         )
     expert_stages = stage_expert_bytes(spec, dtype=dtype, quantization=s.quantization, pp=pp)
     block = block_size(spec, gpu, device=device, kv_cache_dtype=s.kv_cache_dtype)
@@ -189,18 +196,7 @@ def estimate(
         key = (stage_bytes, kinds)
         if key in seen:
             continue
-        graphs = 0
-        if device == "cuda" and not s.enforce_eager:
-            graphs = cuda_graph_bytes(
-                layers=len(layers),
-                hidden_size=spec.hidden_size,
-                gpu=gpu,
-                tp=tp,
-                max_num_seqs=seqs,
-                max_num_batched_tokens=batched,
-                largest=largest,
-                version=version,
-            )
+        graphs = graphs_of(len(layers), spec.hidden_size)
         experts, per_gpu = expert_share(spec, s, expert_stages[index])
         if s.data_parallel_size > 1 or s.enable_expert_parallel:
             stage_bytes = (stage_bytes - expert_stages[index]) + experts * tp
