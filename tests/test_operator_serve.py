@@ -11,9 +11,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-import httpx
 import pytest
+from extras import needs
 from test_serve_vllm import Server
+
+# Where these are not installed (a base install), the module skips, saying why.
+needs("httpx", "uvicorn", "openai")
+import httpx  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

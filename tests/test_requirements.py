@@ -338,6 +338,7 @@ def test_the_estimate_short_by_is_need_minus_budget() -> None:
     assert f"(short by {format_bytes(b.non_kv_bytes - b.budget_bytes)}," in line
 
 
+@pytest.mark.needs("vllm")  # serve checks the engine is installed first
 def test_serve_refuses_a_folder_without_weights_before_launching(tmp_path: Path) -> None:
     folder = model_folder(tmp_path / "tiny")
     result = invoke("serve", str(folder), "--device", "cpu", "--memory", "4GiB", "--no-verify")

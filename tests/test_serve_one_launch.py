@@ -19,11 +19,15 @@ import time
 import uuid
 from pathlib import Path
 
-import httpx
 import pytest
 from engine_util import MARK_VARIABLE, leftovers, wait_until_gone
+from extras import needs
 
 from oominfer.runtime.process import free_port
+
+# Where these are not installed (a base install), the module skips, saying why.
+needs("httpx")
+import httpx  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -69,14 +69,13 @@ def warn_engine_version(plan: Plan) -> None:
     """Say so when the installed vLLM is another release than the one the plan was made for:
     memory profiles and rules change between releases (rules/versions.py)."""
     from oominfer.rules.installed import vllm_release
-    from oominfer.rules.versions import EngineVersion
+    from oominfer.rules.versions import release_of
 
     installed = vllm_release()
     if plan.engine != "vllm" or not plan.engine_version or installed is None:
         return
-    planned = EngineVersion.parse(plan.engine_version).release
-    here = EngineVersion.parse(installed).release
-    if planned != here:
+    planned, here = release_of(plan.engine_version), release_of(installed)
+    if planned is not None and here is not None and planned != here:
         click.secho(
             f"Warning: the plan was made for vLLM {planned[0]}.{planned[1]}, and vLLM "
             f"{installed} is installed here; its memory profile differs. Re-run `oominfer fit` "

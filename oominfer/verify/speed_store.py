@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from oominfer.rules.versions import EngineVersion
+from oominfer.rules.versions import release_of
 from oominfer.speed import Measured
 from oominfer.verify.cache import cache_dir
 
@@ -18,8 +18,10 @@ def store_path() -> Path:
 
 
 def _release(version: str) -> str:
-    major, minor = EngineVersion.parse(version).release
-    return f"{major}.{minor}"
+    """``0.32`` for any vLLM 0.32.x; an engine whose version names no release (``not
+    installed``, a stand-in) keeps its own text."""
+    release = release_of(version)
+    return f"{release[0]}.{release[1]}" if release else version
 
 
 def _key(model_id: str, gpu: str, engine_version: str) -> tuple[str, str, str]:
