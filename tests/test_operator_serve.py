@@ -7,6 +7,8 @@ One engine launch (about a minute and a half).
 from __future__ import annotations
 
 import json
+import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -51,7 +53,16 @@ def test_lora_and_an_ngram_draft_reach_the_engine(
     finally:
         srv.stop()
     text = log.read_text()
-    # vLLM logs the arguments it was given that differ from its defaults.
-    assert "'enable_lora': True" in text, text[-3000:]
-    assert "'max_loras': 2" in text and "'max_lora_rank': 8" in text, text[-3000:]
-    assert "ngram" in text, text[-3000:]
+    # serve verified the plan on the engine it then served (one launch): the launch line
+    # shows the command, and vLLM logs, in that launch's log, the arguments it was given
+    # that differ from its defaults.
+    launch = re.search(r"Launch 1 \(.*?, log (\S+)\):\n  (.*)\n", text)
+    assert launch is not None, text[-3000:]
+    argv = shlex.split(launch.group(2))
+    assert "--enable-lora" in argv and "--speculative-config" in argv, argv
+    assert argv[argv.index("--max-loras") + 1] == "2", argv
+    engine_log = Path(launch.group(1))
+    said = text + (engine_log.read_text(errors="replace") if engine_log.exists() else "")
+    assert "'enable_lora': True" in said, said[-3000:]
+    assert "'max_loras': 2" in said and "'max_lora_rank': 8" in said, said[-3000:]
+    assert "ngram" in said, said[-3000:]
