@@ -17,6 +17,7 @@ version) go in, the estimator's one set of constants does the rest.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 import statistics
@@ -56,6 +57,18 @@ SAME_ARCHITECTURE: dict[str, str] = {
 }
 
 
+# Where a renamed checkpoint's config.json differs from its stand-in's in a field that is
+# not a shape: the published config.json's value (again no figure of any log).
+CONFIG_DIFFERENCES: dict[str, dict[str, int]] = {
+    # huggingface.co/Qwen/Qwen3-235B-A22B-Instruct-2507-FP8 config.json: native 256k context.
+    "Qwen/Qwen3-235B-A22B-Instruct-2507-FP8": {"max_position_embeddings": 262144},
+}
+
+# Words of a GPU description that say vLLM saw only part of the named card (a vGPU or MIG
+# slice): without a printed total, its memory is unknown and no KV or verdict is judged.
+PARTITION_WORDS = ("vGPU", "MIG ", "slice of")
+
+
 def _model_id(text: str | None) -> str | None:
     """The first org/name in the point's model field that the catalog knows."""
     for name, stand_in in SAME_ARCHITECTURE.items():
@@ -89,6 +102,8 @@ def _gpu(point: dict[str, Any]) -> GpuSpec | None:
     if "Volta and Turing" in (point.get("gpu_model") or ""):
         named = named or find_gpu("T4")
     total = _gib(point.get("gpu_total_memory_printed"))
+    if total is None and any(word in text for word in PARTITION_WORDS):
+        return None
     if total is not None:
         cc = named.compute_capability if named else (8, 0)
         return GpuSpec(
@@ -137,10 +152,15 @@ def inputs(
         max_num_batched_tokens=point.get("max_num_batched_tokens"),
         enforce_eager=bool(point.get("enforce_eager")),
         tensor_parallel_size=tp,
+        enable_expert_parallel="--enable-expert-parallel" in (point.get("quote") or ""),
     )
     gpu = _gpu(point)
     hw = Hardware(gpu=gpu or find_gpu("A100-SXM-80GB"), count=max(tp, point.get("num_gpus") or 1))
-    return load_spec(model_id), hw, settings, _version(point)
+    spec = load_spec(model_id)
+    for name, changes in CONFIG_DIFFERENCES.items():
+        if (point.get("model_id") or "").startswith(name):
+            spec = dataclasses.replace(spec, **changes)  # type: ignore[arg-type]
+    return spec, hw, settings, _version(point)
 
 
 def replay(point: dict[str, Any]) -> dict[str, Any]:
@@ -218,6 +238,9 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "kv_all_median": statistics.median(kv_all),
         "kv_all_points": len(kv_all),
         "verdicts": [r["verdict_ok"] for r in rows if "verdict_ok" in r],
+        "activation_median_gib": statistics.median(
+            abs(r["activation_peak_err_gib"]) for r in rows if "activation_peak_err_gib" in r
+        ),
     }
 
 
@@ -339,17 +362,17 @@ def main() -> int:
     print()
     print(
         f"weights:        median |error| {s['weights_median'] * 100:.2f}% over "
-        f"{s['weights_points']} points (bar <= 2%)"
+        f"{s['weights_points']} points (bar <= 1%)"
     )
     print(
         f"KV per token:   exact within vLLM's printed rounding on {sum(exact)}/{len(exact)} points"
     )
     print(
         f"KV-cache bytes: median |error| {s['kv_v1_median'] * 100:.1f}% over {s['kv_v1_points']} "
-        f"V1 points (bar <= 10%); {s['kv_all_median'] * 100:.1f}% over all {s['kv_all_points']}"
+        f"V1 points (bar <= 2%); {s['kv_all_median'] * 100:.1f}% over all {s['kv_all_points']}"
     )
     print(f"verdict:        right on {sum(verdicts)}/{len(verdicts)} points that have the inputs")
-    ok = s["weights_median"] <= 0.02 and all(exact) and s["kv_v1_median"] <= 0.10 and all(verdicts)
+    ok = s["weights_median"] <= 0.01 and all(exact) and s["kv_v1_median"] <= 0.02 and all(verdicts)
     print("ALL BARS MET" if ok else "SOME BARS MISSED")
     return 0 if ok else 1
 

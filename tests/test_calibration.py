@@ -4,8 +4,9 @@
 vLLM version, and the memory split vLLM printed) through the estimator. The logs are
 copied into tests/data/calibration/ (from ../shared/calibration/vllm_memory_logs.jsonl) so
 this test always runs. The bounds sit a little above today's figures (weights: median
-|error| 0.33% over 25 points; KV-cache bytes: 3.6% over the 10 V1 points with a known GPU,
-9.8% over all 18): a change to the memory model that makes them worse fails here.
+|error| 0.33% over 25 points; KV-cache bytes: 1.7% over the 9 V1 points with a known GPU,
+4.8% over all 17; activation peak 0.22 GiB over the 10 points that print it): a change to
+the memory model that makes them worse fails here.
 """
 
 from __future__ import annotations
@@ -35,10 +36,11 @@ def test_every_point_is_replayed(replayed: tuple[list[dict[str, Any]], dict[str,
     # 15 of the 26 points added with the 46-log set name models the catalog lacks
     # (multimodal, unnamed checkpoints) under any name of the same architecture.
     assert len([r for r in rows if "skip" in r]) == 15
-    # A point that stops producing a comparison would loosen the medians unseen.
-    assert (s["weights_points"], s["kv_v1_points"], s["kv_all_points"]) == (25, 10, 18)
-    assert len(s["kv_per_token_exact"]) == 12
-    assert len(s["verdicts"]) == 17
+    # A point that stops producing a comparison would loosen the medians unseen. (c10 ran
+    # on a vGPU slice of an A100 whose total vLLM did not print: no KV or verdict there.)
+    assert (s["weights_points"], s["kv_v1_points"], s["kv_all_points"]) == (25, 9, 17)
+    assert len(s["kv_per_token_exact"]) == 11
+    assert len(s["verdicts"]) == 16
 
 
 def test_weights_within_half_a_percent(
@@ -48,12 +50,21 @@ def test_weights_within_half_a_percent(
     assert s["weights_median"] <= 0.004, s["weights_median"]  # today 0.33%
 
 
-def test_kv_cache_bytes_within_four_and_a_half_percent_on_v1(
+def test_kv_cache_bytes_within_two_percent_on_v1(
     replayed: tuple[list[dict[str, Any]], dict[str, Any]],
 ) -> None:
     _, s = replayed
-    assert s["kv_v1_median"] <= 0.045, s["kv_v1_median"]  # today 3.6%
-    assert s["kv_all_median"] <= 0.11, s["kv_all_median"]  # today 9.8%, V0-era points too
+    assert s["kv_v1_median"] <= 0.02, s["kv_v1_median"]  # today 1.7%
+    assert s["kv_all_median"] <= 0.055, s["kv_all_median"]  # today 4.8%, V0-era points too
+
+
+def test_activation_peak_within_a_quarter_gib(
+    replayed: tuple[list[dict[str, Any]], dict[str, Any]],
+) -> None:
+    _, s = replayed
+    # The profiling run's peak beside what the logs print (0.46 GiB before the sampler's
+    # top-k/top-p path per release and the forward/sampler maximum).
+    assert s["activation_median_gib"] <= 0.25, s["activation_median_gib"]  # today 0.22
 
 
 def test_kv_bytes_per_token_exact_and_every_verdict_right(
@@ -63,10 +74,10 @@ def test_kv_bytes_per_token_exact_and_every_verdict_right(
     assert all(s["kv_per_token_exact"]), [
         r["id"] for r in rows if r.get("kv_per_token_exact") is False
     ]
-    # c01 and c16 are xfails of test_calibration_logs (a stand-in's shorter trained context;
-    # a GPU shared with a foreign process).
+    # c16 is an xfail of test_calibration_logs (a GPU shared with a foreign process and a
+    # graph pool six times the fitted one).
     wrong = [r["id"] for r in rows if r.get("verdict_ok") is False]
-    assert wrong == ["c01", "c16"], wrong
+    assert wrong == ["c16"], wrong
 
 
 @pytest.mark.skipif(not SHARED.is_file(), reason="no ../shared/calibration beside the checkout")

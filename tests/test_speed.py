@@ -42,7 +42,10 @@ TODAY: dict[str, dict[str, float]] = {
     "t08": {"output_tokens_per_s": 0.828, "tpot_s": 1.161},
     "t09": {"output_tokens_per_s": 1.185, "tpot_s": 0.844},
     "t10": {"output_tokens_per_s": 1.103, "tpot_s": 0.907},
-    "t11": {"output_tokens_per_s": 2.723, "tpot_s": 1.438},  # the vision tower counted (issue 17)
+    # The vision tower counted (issue 17); its source's 285 tok/s at 54.8 ms TPOT mean about
+    # 16 requests decoding at once (KubeAI's manifest for this model: --max-num-seqs 16),
+    # which the point does not state, so the default 256 is replayed.
+    "t11": {"output_tokens_per_s": 2.723, "tpot_s": 1.842},
     "t12": {"output_tokens_per_s": 1.904},
     "t15": {"output_tokens_per_s": 0.945},
     "t16": {"output_tokens_per_s": 0.917},
@@ -50,7 +53,8 @@ TODAY: dict[str, dict[str, float]] = {
     "t18": {"output_tokens_per_s": 1.140, "tpot_s": 0.776},
     "t19": {"output_tokens_per_s": 1.609, "tpot_s": 1.145},
     "t20": {"output_tokens_per_s": 1.116},
-    "t21": {"output_tokens_per_s": 1.327, "tpot_s": 0.395},
+    # A burst: the prompts of the requests that replace finished ones lengthen the steps.
+    "t21": {"output_tokens_per_s": 1.327, "tpot_s": 0.675},
     "t22": {"output_tokens_per_s": 0.970, "tpot_s": 1.022},
     "t23": {"output_tokens_per_s": 2.870, "tpot_s": 0.348},
     "t31": {"output_tokens_per_s": 1.150, "tpot_s": 0.556},
@@ -84,6 +88,9 @@ def test_the_medians_meet_the_target(replayed: dict[str, dict[str, Any]]) -> Non
     # source does not flag as anomalous).
     assert s["output_tokens_per_s"]["median_abs_error"] <= 0.25
     assert s["tpot_s"]["median_abs_error"] <= 0.25
+    # None past 2x: TPOT meets it (worst 1.84x, t11); tokens/s does not yet (t11, 2.72x).
+    assert s["tpot_s"]["worst_factor"] <= 2.0
+    assert s["output_tokens_per_s"]["worst_factor"] <= 2.8
 
 
 @pytest.mark.skipif(not SHARED.is_file(), reason="no ../shared/calibration beside the checkout")

@@ -149,7 +149,15 @@ def estimate(
         spec, s, dtype=dtype, kv_elem=kv_elem, batched=batched, version=version
     )
     activation = activation_bytes(
-        spec, tokens=batched, seqs=seqs, dtype_size=elem, tp=tp, version=version
+        spec,
+        tokens=batched,
+        seqs=seqs,
+        dtype_size=elem,
+        tp=tp,
+        version=version,
+        # Each rank's fused-MoE buffers span whole experts under expert parallelism
+        # (memory/additions.py ``expert_share``), a tensor-parallel slice otherwise.
+        expert_slices=1 if s.enable_expert_parallel else tp,
     )
     if device == "cuda" and version.sampler_warmup_pass:
         # 0.33's second dummy sampler pass copies the logits to fp32 (at least that much).

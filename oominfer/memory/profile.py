@@ -123,23 +123,35 @@ at most this many tokens at a time (the chunking went in vLLM PR #34086, 0.18)."
 
 
 def moe_workspace_bytes(
-    spec: ModelSpec, *, tokens: int, dtype_size: int, tp: int, version: EngineVersion
+    spec: ModelSpec,
+    *,
+    tokens: int,
+    dtype_size: int,
+    expert_slices: int,
+    version: EngineVersion,
 ) -> int:
     """The fused-MoE kernel's buffers at the profiling run's token count.
 
     vllm/model_executor/layers/fused_moe/fused_moe.py ``fused_experts_impl``: with
-    N = 2 x the expert's intermediate size per rank and K = hidden size, per token
+    N = 2 x the expert's intermediate size per rank (sliced over ``expert_slices`` ranks:
+    tensor x data parallel, or 1 with expert parallelism, where each rank holds whole
+    experts) and K = hidden size, per token
     ``cache13`` holds top-k x max(N, K) (intermediate_cache1 and 3 share it),
     ``intermediate_cache2`` top-k x N / 2, and the output one x K, in the model dtype.
     With many experts of a small intermediate size the K-wide cache, which TP does not
     split, is most of it (Qwen3-235B: 8 x 4096 per token).
     """
-    inter = max(spec.moe_intermediate_size, 1) // tp
+    inter = max(spec.moe_intermediate_size, 1) // expert_slices
     top_k = max(spec.num_experts_per_tok, 1)
     n = 2 * inter
     per_token = top_k * (max(n, spec.hidden_size) + inter) + spec.hidden_size
     chunk = tokens if version.release >= (0, 18) else min(tokens, MOE_CHUNK_TOKENS)
-    return chunk * per_token * dtype_size
+    workspace = chunk * per_token * dtype_size
+    if spec.quantization is not None and spec.quantization.method == "fp8":
+        # W8A8: the input and intermediate_cache2 are quantized to one byte each before
+        # their GEMMs (``moe_kernel_quantize_input``), beside the 16-bit caches.
+        workspace += chunk * (spec.hidden_size + top_k * inter)
+    return workspace
 
 
 def activation_bytes(
@@ -150,25 +162,34 @@ def activation_bytes(
     dtype_size: int,
     tp: int,
     version: EngineVersion,
+    expert_slices: int | None = None,
 ) -> int:
     """Peak of vLLM's profiling run above the weights: a forward pass over ``tokens`` tokens
-    (max_num_batched_tokens), then the dummy sampler over ``min(tokens, seqs)`` rows of logits.
+    (max_num_batched_tokens), then the dummy sampler over ``min(tokens, seqs)`` rows of
+    logits; the larger of the two, as the forward's temporaries are gone by the sampler.
 
     Forward: per token, a few hidden-size temporaries plus the fused QKV output and the MLP's
     gate/up output and activation, split across TP ranks; for MoE models the fused-MoE
     workspaces instead of the MLP (``moe_workspace_bytes``).
-    Sampler: logits [rows, vocab] in the model dtype; the V1 runner adds fp32 logits,
-    softmax probabilities and exponential noise (3 x 4 bytes per logit).
+    Sampler: logits [rows, vocab] in the model dtype plus what the release's top-k/top-p
+    path holds per logit (``EngineVersion.sampler_bytes_per_logit_fp32``).
     """
     if spec.is_moe:
         qkv = (spec.num_attention_heads + 2 * spec.num_kv_heads) * spec.head_dim
         per_token = HIDDEN_TEMPORARIES * spec.hidden_size + qkv // tp
         forward = tokens * per_token * dtype_size
         forward += moe_workspace_bytes(
-            spec, tokens=tokens, dtype_size=dtype_size, tp=tp, version=version
+            spec,
+            tokens=tokens,
+            dtype_size=dtype_size,
+            expert_slices=tp if expert_slices is None else expert_slices,
+            version=version,
         )
     else:
         forward = forward_bytes(spec, tokens=tokens, dtype_size=dtype_size, tp=tp)
     rows = min(tokens, seqs)
     sampler = rows * spec.vocab_size * (dtype_size + version.sampler_bytes_per_logit_fp32)
-    return forward + sampler
+    # The forward's temporaries are freed when it returns; only its output hidden states
+    # stay alive through the sampler (v1/worker/gpu_model_runner.py ``profile_run``).
+    hidden = tokens * spec.hidden_size * dtype_size
+    return max(forward, hidden + sampler)

@@ -165,7 +165,7 @@ CONTEXT_STEP: Final = 8192
 
 def _practical(cand: Candidate, spec: ModelSpec, hardware: Hardware, c: Constraints) -> Candidate:
     """A context given up is served at a whole multiple of CONTEXT_STEP tokens, not at the
-    last token the pool holds: 34,576 tokens become 32,768 and the slack goes to
+    last token the pool holds: 35,072 tokens become 32,768 and the slack goes to
     concurrency (principle 3: shorten to a practical length). Not for ``--prefer context``
     (the longest is what was asked), a length the user named, or the model's own length."""
     trained = spec.max_position_embeddings

@@ -286,6 +286,11 @@ def predict_burst(
 
     full = step(running)
     tokens = requests * w.output_len
+    # The prompts of the requests that replace finished ones are computed while the others
+    # decode (V0: prefill steps between decode steps; V1: chunks inside them): each of
+    # the steady phase's steps is longer by its share of them, and so is its TPOT.
+    replacing = max(requests - running, 0)
+    interleaved = prefill * replacing / requests
     if spread:
         # While requests wait, every finished one is replaced: the batch stays full. The last
         # `running` requests then drain; with exponential lengths (memoryless) those alive
@@ -301,9 +306,9 @@ def predict_burst(
         steady_tokens = tokens - running * w.output_len
         drain_time = w.output_len * full
         drain_weighted = drain_time * running
-    steady_time = steady_tokens / running * full
+    steady_time = steady_tokens / running * full + (interleaved if steady_tokens else 0.0)
     decode = (steady_time + drain_time) * pp
-    total = prefill * pp + decode
+    total = (prefill - (interleaved if steady_tokens else 0.0)) * pp + decode
     tpot = (steady_time * running + drain_weighted) / max(steady_tokens + running * w.output_len, 1)
     # A request waits for the prompts ahead of it and, when not in the first batch, for
     # a slot: on average half of each.
