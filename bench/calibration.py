@@ -32,7 +32,7 @@ from oominfer.hardware.hardware import Hardware
 from oominfer.memory.estimate import estimate
 from oominfer.model.catalog import catalog_entry
 from oominfer.model.load import load_spec
-from oominfer.model.spec import ModelSpec
+from oominfer.model.spec import Checkpoint, ModelSpec, QuantSpec
 from oominfer.rules.versions import EngineVersion
 from oominfer.settings import EngineSettings
 
@@ -64,6 +64,19 @@ CONFIG_DIFFERENCES: dict[str, dict[str, int]] = {
     "Qwen/Qwen3-235B-A22B-Instruct-2507-FP8": {"max_position_embeddings": 262144},
 }
 
+# Pre-quantized checkpoints of a model the catalog holds in 16 bits: the base's shapes with
+# the quantization_config the checkpoint publishes (its exact tensor sizes are unknown here,
+# so the weights are counted from the parameters; the log's "Model loading took" checks it).
+QUANTIZED_STAND_INS: dict[str, tuple[str, QuantSpec]] = {
+    # huggingface.co/Qwen/Qwen3-8B-FP8: fp8 e4m3, weight_block_size [128, 128].
+    "Qwen/Qwen3-8B-FP8": ("Qwen/Qwen3-8B", QuantSpec(method="fp8", bits=8)),
+    # huggingface.co/Qwen/Qwen2.5-7B-Instruct-AWQ: awq, 4 bits, group 128, zero point.
+    "Qwen/Qwen2.5-7B-Instruct-AWQ": (
+        "Qwen/Qwen2.5-7B-Instruct",
+        QuantSpec(method="awq", bits=4, group_size=128),
+    ),
+}
+
 # Words of a GPU description that say vLLM saw only part of the named card (a vGPU or MIG
 # slice): without a printed total, its memory is unknown and no KV or verdict is judged.
 PARTITION_WORDS = ("vGPU", "MIG ", "slice of")
@@ -71,6 +84,9 @@ PARTITION_WORDS = ("vGPU", "MIG ", "slice of")
 
 def _model_id(text: str | None) -> str | None:
     """The first org/name in the point's model field that the catalog knows."""
+    for name, (base, _) in QUANTIZED_STAND_INS.items():
+        if (text or "").startswith(name):
+            return base
     for name, stand_in in SAME_ARCHITECTURE.items():
         if (text or "").startswith(name):
             return stand_in
@@ -160,7 +176,17 @@ def inputs(
     for name, changes in CONFIG_DIFFERENCES.items():
         if (point.get("model_id") or "").startswith(name):
             spec = dataclasses.replace(spec, **changes)  # type: ignore[arg-type]
+    for name, (_, quant) in QUANTIZED_STAND_INS.items():
+        if (point.get("model_id") or "").startswith(name):
+            spec = dataclasses.replace(spec, quantization=quant, checkpoint=Checkpoint())
     return spec, hw, settings, _version(point)
+
+
+def judged(point: dict[str, Any]) -> bool:
+    """Whether the point's fits / does-not-fit can be judged: its context is known, or it is a
+    start-up failure at the model's own default context (no --max-model-len given)."""
+    context = point.get("max_model_len") or point.get("max_concurrency_tokens_per_request")
+    return bool(context or point.get("error"))
 
 
 def replay(point: dict[str, Any]) -> dict[str, Any]:
@@ -202,7 +228,7 @@ def replay(point: dict[str, Any]) -> dict[str, Any]:
             measured_kv = tokens * b.kv_bytes_per_token
         if measured_kv:
             row["kv_bytes_err"] = b.kv_cache_bytes / measured_kv - 1
-        if settings.max_model_len and (point.get("error") or measured_kv):
+        if judged(point) and (point.get("error") or measured_kv):
             row["verdict_ok"] = b.fits == (point.get("error") is None)
             row["fits"] = b.fits
     row["est"] = {
@@ -213,9 +239,16 @@ def replay(point: dict[str, Any]) -> dict[str, Any]:
         "activation_peak_gib": b.activation_bytes / GiB,
         "fits": b.fits,
     }
+    # Where graph memory is reserved before the KV cache, the "peak activation" vLLM prints
+    # holds that reserve (v1/worker/gpu_worker.py: peak_activation_memory =
+    # transient_peak_headroom + cudagraph_memory_estimate_applied).
+    printed_activation = b.activation_bytes + (
+        b.cuda_graph_bytes if version.graphs_in_budget else 0
+    )
+    compared = dict(row["est"], activation_peak_gib=printed_activation / GiB)
     for part in ("cuda_graph_gib", "non_torch_gib", "activation_peak_gib"):
         if point.get(part) is not None and (part != "cuda_graph_gib" or not settings.enforce_eager):
-            row[part.replace("_gib", "_err_gib")] = row["est"][part] - point[part]
+            row[part.replace("_gib", "_err_gib")] = compared[part] - point[part]
     return row
 
 
@@ -289,9 +322,13 @@ def part_errors(
                 continue
             if key == "cuda_graph_gib" and point.get("enforce_eager"):
                 continue
-            error = est[key] - measured
+            estimated = est[key]
+            if key == "activation_peak_gib" and _version(point).graphs_in_budget:
+                # The printed peak holds the graph reserve (see ``replay``).
+                estimated += est["cuda_graph_gib"]
+            error = estimated - measured
             out[part].append(abs(error / measured) if relative else abs(error))
-        known = point.get("max_model_len") and _gpu(point) is not None
+        known = judged(point) and _gpu(point) is not None
         if known and (point.get("error") or point.get("kv_cache_gib")):
             out["verdict wrong"].append(float(est["fits"] != (point.get("error") is None)))
     return out

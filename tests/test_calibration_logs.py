@@ -109,7 +109,7 @@ def test_cuda_graphs(replayed: dict[str, dict[str, Any]], point: dict[str, Any])
 
 @pytest.mark.parametrize("point", _cases("verdict"))
 def test_verdict(replayed: dict[str, dict[str, Any]], point: dict[str, Any]) -> None:
-    if not point.get("max_model_len") or BENCH._gpu(point) is None:
+    if not BENCH.judged(point) or BENCH._gpu(point) is None:
         pytest.skip("the log lacks max_model_len or a known GPU")
     if not (point.get("error") or point.get("kv_cache_gib")):
         pytest.skip("the log shows neither a failure nor a KV cache")

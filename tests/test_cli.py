@@ -387,3 +387,15 @@ def test_fit_checks_its_output_before_any_work(monkeypatch: pytest.MonkeyPatch) 
     result = invoke("fit", LLAMA_8B, "--gpu", "L4", "-o", "/nonexistent/dir/plan.json")
     assert result.exit_code == 2, result.output
     assert "no folder /nonexistent/dir" in result.stderr
+
+
+def test_graphs_captured_after_the_kv_cache_say_which_budget_to_lower() -> None:
+    args = ("estimate", "Qwen/Qwen3-30B-A3B", "--gpu", "RTX-4090", "--gpus", "4", "-tp", "4")
+    result = invoke(*args, "--engine-version", "0.11")
+    assert result.exit_code == 3, result.output
+    last = result.stdout.strip().splitlines()
+    assert "captures them afterwards above the budget" in last[-2]
+    assert last[-1] == "Ways out: --gpu-memory-utilization 0.87; --enforce-eager."
+    fixed = invoke(*args, "--engine-version", "0.11", "--gpu-memory-utilization", "0.87")
+    assert fixed.exit_code == 0, fixed.output
+    assert invoke(*args, "--engine-version", "0.33").exit_code == 0

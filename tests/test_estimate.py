@@ -445,3 +445,26 @@ def test_awq_multimodal_keeps_the_vision_tower_16_bit() -> None:
     text_only = dataclasses.replace(awq, params=dataclasses.replace(awq.params, vision=0))
     extra = weights_bytes(awq, dtype="bfloat16") - weights_bytes(text_only, dtype="bfloat16")
     assert extra == 423_058_032 * 2
+
+
+def test_a_release_that_captures_graphs_after_the_kv_cache_needs_room_above_the_budget() -> None:
+    # Qwen3-30B-A3B at TP4 on 24 GB cards, every default, as calibration log c05 ran it on
+    # vLLM 0.11: 1.9 GiB of graphs captured after the KV cache took the 0.9 budget, then
+    # the sampler's warm-up, in the 2.4 GiB above it (vLLM ran out of memory there).
+    from oominfer.rules.versions import EngineVersion
+
+    moe = spec("Qwen/Qwen3-30B-A3B")
+    hw = Hardware(gpu=find_gpu("RTX-4090"), count=4)
+
+    def at(release: str, **changes: Any) -> MemoryBreakdown:
+        s = EngineSettings(tensor_parallel_size=4, **changes)
+        return estimate(moe, hardware=hw, settings=s, version=EngineVersion.parse(release))
+
+    old = at("0.11")
+    assert old.kv_cache_bytes > 0 and old.max_model_len_that_fits >= old.max_model_len
+    assert not old.fits and old.shortfall_bytes == old.post_capture_short_bytes > 0.5 * GiB
+    # Releases that reserve the graphs inside the budget, eager mode, or a lower budget fit.
+    assert at("0.20").post_capture_short_bytes == 0 and at("0.20").fits
+    assert at("0.11", enforce_eager=True).fits
+    assert at("0.11", gpu_memory_utilization=0.85).fits
+    assert at("0.11", gpu_memory_utilization=0.85).post_capture_short_bytes == 0

@@ -289,7 +289,8 @@ def test_a_client_that_leaves_closes_its_request_in_the_engine(serve: type[Serve
         assert time.monotonic() < deadline, srv.log()[-2000:]
         time.sleep(0.05)
     srv.signal(signal.SIGTERM)
-    assert srv.wait() == ServeExit.DRAINED
+    # (Once seen exiting 1 under load in a full run, not reproduced since: the log says why.)
+    assert srv.wait() == ServeExit.DRAINED, srv.log()[-3000:]
 
 
 def test_an_engine_dying_of_sigill_while_serving_is_explained(serve: type[Serve]) -> None:

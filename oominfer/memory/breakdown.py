@@ -48,6 +48,10 @@ class MemoryBreakdown:
     overcommitted_bytes: int = 0
     """A KV cache fixed by --kv-cache-memory-bytes that does not fit beside the rest of the
     GPU's memory: vLLM skips its budget then and fails allocating it (CUDA out of memory)."""
+    post_capture_short_bytes: int = 0
+    """A release that captures CUDA graphs after sizing the KV cache (V1 before 0.20): what
+    the graph pool and the sampler's warm-up lack above the budget (memory/profile.py
+    ``post_capture_short``); vLLM then fails right after capture (CUDA out of memory)."""
     pipeline_stage: int = 0
     """The pipeline stage these figures are of: the one that holds the fewest KV blocks."""
     layout: KvLayout | None = field(default=None, compare=False, repr=False)
@@ -74,6 +78,7 @@ class MemoryBreakdown:
             self.kv_cache_bytes > 0
             and self.max_model_len_that_fits >= self.max_model_len
             and self.overcommitted_bytes <= 0
+            and self.post_capture_short_bytes <= 0
         )
 
     @property
@@ -83,6 +88,8 @@ class MemoryBreakdown:
             return 0
         if self.overcommitted_bytes > 0:
             return self.overcommitted_bytes
+        if self.kv_cache_bytes > 0 and self.max_model_len_that_fits >= self.max_model_len:
+            return self.post_capture_short_bytes
         need = self.kv_bytes_per_token * self.max_model_len + self.state_bytes_per_seq
         # A negative KV cache means the rest already overflows the budget by that much.
         short = need - self.kv_cache_bytes

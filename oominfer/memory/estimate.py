@@ -46,6 +46,8 @@ from oominfer.memory.profile import (
     NON_TORCH_TP_BYTES,
     activation_bytes,
     cuda_graph_bytes,
+    post_capture_short,
+    sampler_bytes,
     vllm_defaults,
 )
 from oominfer.memory.transformers import transformers_breakdown
@@ -214,6 +216,7 @@ def estimate(
             0 if version.graphs_in_budget else added.speculative_graph_bytes
         )
         overcommitted = 0
+        after_capture = 0
         if s.kv_cache_memory_bytes is not None:
             kv_cache = s.kv_cache_memory_bytes
             if device == "cuda":  # vLLM does not check it (v1/worker/gpu_worker.py)
@@ -222,6 +225,17 @@ def estimate(
         else:
             in_budget = graphs if version.graphs_in_budget else 0
             kv_cache = budget - weights - activation - non_torch - in_budget - in_budget_extra
+            if device == "cuda":
+                after_capture = post_capture_short(
+                    total=gpu.cuda_total_bytes,
+                    budget=budget,
+                    activation=activation,
+                    graphs=graphs,
+                    sampler=sampler_bytes(
+                        spec, tokens=batched, seqs=seqs, dtype_size=elem, version=version
+                    ),
+                    version=version,
+                )
         layout = kv_layout(
             spec,
             kinds,
@@ -277,6 +291,7 @@ def estimate(
             blocks_per_request=layout.blocks_per_request(max_len) if layout else 0,
             usable_blocks=max(usable, 0),
             overcommitted_bytes=max(0, overcommitted),
+            post_capture_short_bytes=after_capture,
             pipeline_stage=index,
             layout=layout,
             additions=added,

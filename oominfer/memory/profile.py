@@ -187,9 +187,49 @@ def activation_bytes(
         )
     else:
         forward = forward_bytes(spec, tokens=tokens, dtype_size=dtype_size, tp=tp)
-    rows = min(tokens, seqs)
-    sampler = rows * spec.vocab_size * (dtype_size + version.sampler_bytes_per_logit_fp32)
+    sampler = sampler_bytes(spec, tokens=tokens, seqs=seqs, dtype_size=dtype_size, version=version)
     # The forward's temporaries are freed when it returns; only its output hidden states
     # stay alive through the sampler (v1/worker/gpu_model_runner.py ``profile_run``).
     hidden = tokens * spec.hidden_size * dtype_size
     return max(forward, hidden + sampler)
+
+
+def sampler_bytes(
+    spec: ModelSpec, *, tokens: int, seqs: int, dtype_size: int, version: EngineVersion
+) -> int:
+    """The dummy sampler's peak: ``min(tokens, seqs)`` rows of logits in the model dtype and
+    what the release's top-k/top-p path holds per logit."""
+    rows = min(tokens, seqs)
+    return rows * spec.vocab_size * (dtype_size + version.sampler_bytes_per_logit_fp32)
+
+
+POST_CAPTURE_MARGIN_BYTES: Final = 1 * GiB
+"""What a release that captures CUDA graphs after sizing the KV cache (V1 before 0.20) needs
+free beyond the graph pool and the sampler's warm-up, in the memory above
+gpu_memory_utilization plus the freed profiling peak: allocator blocks, the capture's
+cuBLAS and communication workspaces. Fitted on the logs of bench/calibration.py: c05
+(Qwen3-30B-A3B, TP4 on 24 GB cards, 0.11) failed in the sampler warm-up after capture with
+0.44 GiB to spare by this count; every start there had 1.71 GiB or more."""
+
+
+def post_capture_short(
+    *,
+    total: int,
+    budget: int,
+    activation: int,
+    graphs: int,
+    sampler: int,
+    version: EngineVersion,
+) -> int:
+    """Bytes missing after the KV cache is allocated, where the release captures CUDA graphs
+    and warms the sampler up outside its budget (0: enough, or a release that reserves the
+    graphs inside the budget; vllm/v1/worker/gpu_worker.py ``compile_or_warm_up_model``).
+
+    After the KV cache is allocated, what is free is the memory above the budget plus the
+    profiling peak the budget held for activations (freed by then): the graph pool, then the
+    sampler warm-up, must fit there with ``POST_CAPTURE_MARGIN_BYTES`` to spare.
+    """
+    if not version.v1 or version.graphs_in_budget or graphs == 0:
+        return 0
+    free = total - budget + activation
+    return max(0, graphs + sampler + POST_CAPTURE_MARGIN_BYTES - free)

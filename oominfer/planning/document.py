@@ -44,6 +44,9 @@ class Prediction:
     fits: bool = False
     shortfall_bytes: int = 0
     overcommitted_bytes: int = 0
+    post_capture_short_bytes: int = 0
+    """What CUDA-graph capture and the sampler warm-up lack above the budget (V1 before
+    0.20, which sizes the KV cache without the graphs)."""
     speculative_bytes: int = 0
     """The speculative draft's weights and CUDA graphs (memory/additions.py)."""
     speculative_kv_bytes_per_token: int = 0
@@ -81,6 +84,7 @@ class Prediction:
             fits=b.fits,
             shortfall_bytes=b.shortfall_bytes,
             overcommitted_bytes=b.overcommitted_bytes,
+            post_capture_short_bytes=b.post_capture_short_bytes,
             speculative_bytes=a.speculative_weights_bytes + a.speculative_graph_bytes,
             speculative_kv_bytes_per_token=a.speculative_kv_bytes_per_token,
             lora_bytes=a.lora_bytes,

@@ -7,6 +7,7 @@ from oominfer.hardware.hardware import Hardware
 from oominfer.memory.breakdown import MemoryBreakdown
 from oominfer.model.spec import ModelSpec
 from oominfer.planning.document import Prediction
+from oominfer.report.ways_out import post_capture_utilization
 from oominfer.settings import flag
 
 BAR_WIDTH = 60
@@ -151,6 +152,15 @@ def verdict(b: Prediction) -> tuple[bool, str]:
             f"beside {format_bytes(b.non_kv_bytes)} of weights and activations in the GPU's "
             f"{format_bytes(b.total_bytes)} (short by {format_bytes(b.overcommitted_bytes)}); "
             f"try --kv-cache-memory-bytes {max(room, 0) // 2**20}MiB or less."
+        )
+    if b.post_capture_short_bytes > 0 and b.kv_cache_bytes > 0:
+        return False, (
+            f"DOES NOT FIT: this vLLM release sizes the KV cache without its "
+            f"{format_bytes(b.cuda_graph_bytes)} of CUDA graphs and captures them afterwards "
+            f"above the budget, where with the sampler's warm-up they lack "
+            f"{format_bytes(b.post_capture_short_bytes)} (CUDA out of memory after capture); "
+            f"try {flag('gpu_memory_utilization')} {post_capture_utilization(b):.2f} or "
+            f"{flag('enforce_eager')}."
         )
     if b.kv_cache_bytes <= 0:
         over = b.non_kv_bytes - b.budget_bytes

@@ -10,6 +10,7 @@ from oominfer.hardware.hardware import Hardware
 from oominfer.memory.breakdown import MemoryBreakdown
 from oominfer.memory.estimate import estimate
 from oominfer.model.spec import ModelSpec
+from oominfer.planning.document import Prediction
 from oominfer.rules.parallel import tensor_parallel_refusal
 from oominfer.rules.versions import EngineVersion
 from oominfer.settings import Engine, EngineSettings, compact_json, declared, flag
@@ -27,6 +28,15 @@ def _tries(
         fits = b.max_model_len_that_fits
         tries.append(
             (f"{flag('max_model_len')} {fits}", dataclasses.replace(s, max_model_len=fits))
+        )
+    if b.post_capture_short_bytes > 0:
+        # More room above the budget for the graphs captured after the KV cache is sized.
+        util = post_capture_utilization(b)
+        tries.append(
+            (
+                f"{flag('gpu_memory_utilization')} {util:.2f}",
+                dataclasses.replace(s, gpu_memory_utilization=util),
+            )
         )
     if s.kv_cache_dtype == "auto":  # estimate() refuses it where vLLM does
         tries.append(
@@ -70,6 +80,14 @@ def _operator_tries(s: EngineSettings, b: MemoryBreakdown) -> list[tuple[str, En
         tries.append((f"{flag('speculative_config')} '{ngram}'",
                       dataclasses.replace(s, speculative_config=ngram)))  # fmt: skip
     return tries
+
+
+def post_capture_utilization(b: MemoryBreakdown | Prediction) -> float:
+    """The gpu_memory_utilization that leaves room above the budget for what ``b`` captures
+    after sizing the KV cache (rounded down to 0.01)."""
+    if not b.total_bytes:
+        return 0.0
+    return max(0.05, int((b.budget_bytes - b.post_capture_short_bytes) / b.total_bytes * 100) / 100)
 
 
 def ways_out(

@@ -89,15 +89,17 @@ class EngineVersion:
           fp32 logits, sorted values and int64 indices, the radix sort's scratch of both,
           the softmax and the masks, about 34 bytes (PR #32558 measured 1.25 GB at 256 x
           131,072, 37 bytes a logit). Every V1 release before the Triton kernel, except:
-        - 0.10-0.11: the FlashInfer sampler was on by default (flashinfer-python a default
-          dependency; PR #26859 turned it off for 0.12): fp32 logits and its masked copy
-          and probabilities, 12 bytes.
+        - 0.11: the FlashInfer sampler, on by default where FlashInfer is installed (PR
+          #26859 turned it off for 0.12), with flashinfer-python now a dependency of the
+          CUDA wheel: fp32 logits and its masked copy and probabilities, 12 bytes. (A 0.10
+          pip install had no FlashInfer: a 0.10.2 log profiles 1.40 GiB, the sort's figure;
+          a 0.10 main-branch build with FlashInfer profiled 0.45 GiB.)
         - 0.16-0.31: the Triton top-k/top-p kernel (PR #33538, February 2026): fp32
           logits and one probabilities buffer, 8 bytes.
         - 0.32+: the V2 model runner's dummy sampler keeps only the logits.
         V0's sampler (whose profiling is fitted apart) keeps 12.
-        Fitted on the logs of bench/calibration.py: dp37 (0.9) and c17 (0.15) need 35-37,
-        c12 (0.10) and c16 (0.11) 13-15, c03 (0.19) 11, c19 (0.26) 4.
+        Fitted on the logs of bench/calibration.py: dp37 (0.9), c13 (0.10.2) and c17 (0.15)
+        need 33-37, c16 (0.11) 13, c03 (0.19) 11, c19 (0.26) 4.
         """
         if self.model_runner_v2:
             return 0
@@ -105,7 +107,7 @@ class EngineVersion:
             return 12
         if self.release >= (0, 16):
             return 8
-        if (0, 10) <= self.release < (0, 12):
+        if self.release == (0, 11):
             return 12
         return 34
 
