@@ -62,7 +62,7 @@ def test_llama8b_l4_balanced_keeps_bf16_graphs_and_concurrency() -> None:
     assert 8192 <= (s.max_model_len or 0) <= 40960
     assert s.max_num_seqs == 256 and not s.enforce_eager and s.max_num_batched_tokens is None
     assert names(r) == ["dtype", "max_model_len"]
-    # the longest context bf16 weights, cache and graphs allow, in whole 8k steps (33,584
+    # the longest context bf16 weights, cache and graphs allow, in whole 8k steps (34,080
     # tokens fit: 32,768 is served, the slack goes to concurrency)
     longest = max(
         cand.context
@@ -402,3 +402,22 @@ def test_a_prefill_chunk_below_max_num_seqs_is_refused() -> None:
 
     with pytest.raises(InvalidSettingError, match="--max-num-batched-tokens 64"):
         EngineSettings(max_num_seqs=128, max_num_batched_tokens=64)
+
+
+def test_a_release_that_captures_graphs_after_the_kv_cache_gets_room_above_the_budget() -> None:
+    # vLLM 0.11 sizes the KV cache without its CUDA graphs: on 4 x 24 GB cards the 1.9 GiB
+    # pool of Qwen3-30B-A3B and the sampler's warm-up do not fit above the 0.92 budget. The
+    # plan lowers the budget and keeps the graphs; a utilization the user gave is kept, and
+    # the graphs go instead.
+    moe, four = spec("Qwen/Qwen3-30B-A3B"), hw("RTX-4090", 4)
+    r = plan(moe, four, Constraints(engine_version="0.11"))
+    check_plan(r)
+    assert not r.settings.enforce_eager and r.settings.gpu_memory_utilization < 0.92
+    assert r.breakdown.post_capture_short_bytes == 0
+    lever = next(lv for lv in r.levers if lv.name == "gpu_memory_utilization")
+    assert "captures after sizing the KV cache" in lever.reason
+    kept = plan(moe, four, Constraints(engine_version="0.11", gpu_memory_utilization=0.92))
+    assert kept.settings.gpu_memory_utilization == 0.92 and kept.settings.enforce_eager
+    # A release that reserves the graphs inside the budget needs neither.
+    now = plan(moe, four, Constraints(engine_version="0.33"))
+    assert now.settings.gpu_memory_utilization == 0.92 and not now.settings.enforce_eager

@@ -233,3 +233,11 @@ def post_capture_short(
         return 0
     free = total - budget + activation
     return max(0, graphs + sampler + POST_CAPTURE_MARGIN_BYTES - free)
+
+
+def utilization_for_capture(*, total: int, budget: int, short: int) -> float:
+    """The gpu_memory_utilization that leaves ``short`` more bytes above the budget for what
+    a release captures after sizing the KV cache (rounded down to 0.01; at least 0.05)."""
+    if total <= 0:
+        return 0.0
+    return max(0.05, int((budget - short) / total * 100) / 100)

@@ -104,8 +104,16 @@ def explain(
         add("cpu_offload_gb", s.cpu_offload_gb,
             "the weights do not fit even quantized; part stays in host memory",
             why("cpu_offload"), int(s.cpu_offload_gb * GiB))  # fmt: skip
+    captured_after = (
+        "gpu_memory_utilization" not in asked
+        and version.v1 and not version.graphs_in_budget and not s.enforce_eager
+        and s.gpu_memory_utilization < defaults.gpu_memory_utilization
+    )  # fmt: skip
     if s.gpu_memory_utilization != defaults.gpu_memory_utilization:
         add("gpu_memory_utilization", s.gpu_memory_utilization,
+            f"lowered from {defaults.gpu_memory_utilization:g} to leave room above the budget "
+            f"for the {format_bytes(b.cuda_graph_bytes)} of CUDA graphs this vLLM release "
+            "captures after sizing the KV cache" if captured_after else
             f"set by {flag('gpu_memory_utilization')}, or to what is free on the GPU",
             "a smaller KV cache" if s.gpu_memory_utilization < defaults.gpu_memory_utilization
             else "less headroom for other processes")  # fmt: skip

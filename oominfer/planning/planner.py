@@ -107,6 +107,8 @@ def plan(spec: ModelSpec, hardware: Hardware, constraints: Constraints) -> PlanR
         raise does_not_fit(spec, hardware, c)
     chosen = _with_dtype(spec, hardware, c, chosen)
     asked = frozenset(c.requested) | ({"max_model_len"} if c.max_model_len else set())
+    if c.gpu_memory_utilization is not None:
+        asked |= {"gpu_memory_utilization"}
     levers = explain(
         spec, hardware, chosen, engine=c.engine, version=c.vllm_version, asked=asked,
         longest=c.prefer == "context",

@@ -18,7 +18,7 @@ from oominfer.base.units import GiB, MiB
 from oominfer.hardware.hardware import Hardware
 from oominfer.memory.breakdown import MemoryBreakdown
 from oominfer.memory.estimate import estimate
-from oominfer.memory.profile import vllm_defaults
+from oominfer.memory.profile import utilization_for_capture, vllm_defaults
 from oominfer.model.spec import ModelSpec
 from oominfer.planning.constraints import Constraints
 from oominfer.planning.costs import WEIGHT_ONLY_FP8
@@ -231,6 +231,15 @@ def settle(
         b = estimate_for(spec, hardware, settings, c)
     except InvalidSettingError:
         return None
+    if b.post_capture_short_bytes > 0 and c.gpu_memory_utilization is None:
+        # A release that captures its CUDA graphs after sizing the KV cache (V1 before 0.20)
+        # needs that room above the budget: a slightly smaller budget keeps the graphs. (A
+        # utilization given, or set to what is free on the GPU, is kept: eager mode then.)
+        util = utilization_for_capture(
+            total=b.total_bytes, budget=b.budget_bytes, short=b.post_capture_short_bytes
+        )
+        settings = dataclasses.replace(settings, gpu_memory_utilization=util)
+        b = estimate_for(spec, hardware, settings, c)
     if hardware.is_cpu and engine == "vllm" and settings.kv_cache_memory_bytes is None:
         # On the CPU vLLM sizes the cache from the process's resident memory, which the
         # estimate cannot see; pin it instead to what the budget leaves (whole MiB).

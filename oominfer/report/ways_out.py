@@ -9,6 +9,7 @@ from oominfer.base.errors import InvalidSettingError
 from oominfer.hardware.hardware import Hardware
 from oominfer.memory.breakdown import MemoryBreakdown
 from oominfer.memory.estimate import estimate
+from oominfer.memory.profile import utilization_for_capture
 from oominfer.model.spec import ModelSpec
 from oominfer.planning.document import Prediction
 from oominfer.rules.parallel import tensor_parallel_refusal
@@ -84,10 +85,10 @@ def _operator_tries(s: EngineSettings, b: MemoryBreakdown) -> list[tuple[str, En
 
 def post_capture_utilization(b: MemoryBreakdown | Prediction) -> float:
     """The gpu_memory_utilization that leaves room above the budget for what ``b`` captures
-    after sizing the KV cache (rounded down to 0.01)."""
-    if not b.total_bytes:
-        return 0.0
-    return max(0.05, int((b.budget_bytes - b.post_capture_short_bytes) / b.total_bytes * 100) / 100)
+    after sizing the KV cache."""
+    return utilization_for_capture(
+        total=b.total_bytes, budget=b.budget_bytes, short=b.post_capture_short_bytes
+    )
 
 
 def ways_out(
