@@ -162,7 +162,8 @@ def inputs(
     tp = point.get("tensor_parallel_size") or 1
     settings = EngineSettings(
         dtype=_dtype(point.get("dtype")),  # type: ignore[arg-type]
-        gpu_memory_utilization=point.get("gpu_memory_utilization") or 0.9,
+        gpu_memory_utilization=point.get("gpu_memory_utilization")
+        or _version(point).default_gpu_memory_utilization,
         max_model_len=point.get("max_model_len") or point.get("max_concurrency_tokens_per_request"),
         max_num_seqs=point.get("max_num_seqs"),
         max_num_batched_tokens=point.get("max_num_batched_tokens"),

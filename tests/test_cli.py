@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -399,3 +400,20 @@ def test_graphs_captured_after_the_kv_cache_say_which_budget_to_lower() -> None:
     fixed = invoke(*args, "--engine-version", "0.11", "--gpu-memory-utilization", "0.87")
     assert fixed.exit_code == 0, fixed.output
     assert invoke(*args, "--engine-version", "0.33").exit_code == 0
+
+
+def test_the_default_utilization_is_the_release_s_own() -> None:
+    # vLLM raised its default from 0.9 to 0.92 in 0.20, when graph memory moved into the
+    # budget: an estimate for an older release without the flag uses that release's 0.9.
+    def budget(*flags: str) -> tuple[int, int]:
+        result = invoke("estimate", LLAMA_8B, "--gpu", "L4", "--max-model-len", "8192",
+                        *flags, "--json")  # fmt: skip
+        per_gpu = json.loads(result.stdout)["per_gpu"]
+        return per_gpu["budget_bytes"], per_gpu["total_bytes"]
+
+    old, total = budget("--engine-version", "0.15")
+    assert old == math.ceil(total * 0.9)
+    assert budget("--engine-version", "0.33")[0] == math.ceil(total * 0.92)
+    assert budget("--engine-version", "0.15", "--gpu-memory-utilization", "0.8")[0] == (
+        math.ceil(total * 0.8)
+    )

@@ -421,3 +421,10 @@ def test_a_release_that_captures_graphs_after_the_kv_cache_gets_room_above_the_b
     # A release that reserves the graphs inside the budget needs neither.
     now = plan(moe, four, Constraints(engine_version="0.33"))
     assert now.settings.gpu_memory_utilization == 0.92 and not now.settings.enforce_eager
+
+
+def test_a_plan_for_an_older_release_takes_its_default_utilization() -> None:
+    r = plan(spec(LLAMA_8B), hw("L4"), Constraints(engine_version="0.15"))
+    check_plan(r)
+    assert r.settings.gpu_memory_utilization == 0.9
+    assert "gpu_memory_utilization" not in names(r)

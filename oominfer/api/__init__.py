@@ -103,7 +103,9 @@ def estimate(
     """
     version = EngineVersion.parse(engine_release(engine_version))
     spec = _model(model)
-    settings = settings or EngineSettings()
+    settings = settings or EngineSettings(
+        gpu_memory_utilization=version.default_gpu_memory_utilization
+    )
     spec.check_context(settings.max_model_len)
     return _estimate(
         spec,
@@ -135,7 +137,7 @@ def _within_free(
     if free is None or constraints.gpu_memory_utilization is not None:
         return constraints
     usable = round(free / hardware.gpu.cuda_total_bytes - 0.01, 2)
-    if usable >= EngineSettings().gpu_memory_utilization:
+    if usable >= constraints.vllm_version.default_gpu_memory_utilization:
         return constraints
     if note:
         note(

@@ -85,6 +85,12 @@ def estimate(model: str, revision: str | None, as_json: bool, **opts: Any) -> No
     from oominfer.rules.versions import EngineVersion
 
     release = engine_release(opts.get("engine_version"))
+    source = click.get_current_context().get_parameter_source("gpu_memory_utilization")
+    if source in (None, click.core.ParameterSource.DEFAULT):  # vLLM's default for that release
+        settings = dataclasses.replace(
+            settings,
+            gpu_memory_utilization=EngineVersion.parse(release).default_gpu_memory_utilization,
+        )
     if opts.get("max_model_len") == AUTO:
         settings = _auto_fit(spec, hardware, settings, opts["engine"], release)
     b = run_estimate(spec, hardware, settings, engine=opts["engine"], engine_version=release)

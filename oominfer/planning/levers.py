@@ -41,7 +41,8 @@ def explain(
               reason="bf16 needs compute capability 8.0" if b.dtype == "float16"
               else "the hardware runs the checkpoint's 16-bit dtype", cost="none"),
     ]  # fmt: skip
-    defaults = EngineSettings()
+    # vLLM's own defaults for this release (0.9 of the GPU before 0.20, 0.92 since).
+    defaults = EngineSettings(gpu_memory_utilization=version.default_gpu_memory_utilization)
     default_tokens, default_seqs = vllm_defaults(hardware)
 
     def saved(other: EngineSettings) -> int:

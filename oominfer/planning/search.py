@@ -131,7 +131,7 @@ def operator_settings(c: Constraints) -> dict[str, object]:
 
 
 def _utilization(c: Constraints) -> float:
-    return c.gpu_memory_utilization or EngineSettings().gpu_memory_utilization
+    return c.gpu_memory_utilization or c.vllm_version.default_gpu_memory_utilization
 
 
 def default_settings(spec: ModelSpec, hardware: Hardware, c: Constraints) -> EngineSettings:

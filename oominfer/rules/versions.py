@@ -80,6 +80,12 @@ class EngineVersion:
         )
 
     @property
+    def default_gpu_memory_utilization(self) -> float:
+        """vLLM's gpu_memory_utilization when none is given: 0.92 from 0.20, where CUDA-graph
+        memory is reserved inside the budget (PR #38284 raised it with that), 0.9 before."""
+        return 0.92 if self.graphs_in_budget else 0.9
+
+    @property
     def sampler_bytes_per_logit_fp32(self) -> int:
         """Bytes per logit the profiling run's dummy sampler holds at its peak besides the
         logits in the model dtype: a fp32 copy and whatever its top-k/top-p path makes.

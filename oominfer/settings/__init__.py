@@ -159,7 +159,8 @@ class EngineSettings:
         engines=("vllm",),
     )  # fmt: skip
     gpu_memory_utilization: float = setting(
-        0.92, "Fraction of the GPU's memory vLLM may claim, in (0, 1] (vLLM's default: 0.92).",
+        0.92, "Fraction of the GPU's memory vLLM may claim, in (0, 1] (vLLM's default: 0.92; "
+        "0.9 before vLLM 0.20).",
         engines=("vllm",), always=True, above=0, at_most=1,
     )  # fmt: skip
     max_model_len: int | None = setting(
