@@ -96,10 +96,13 @@ class EngineVersion:
           the softmax and the masks, about 34 bytes (PR #32558 measured 1.25 GB at 256 x
           131,072, 37 bytes a logit). Every V1 release before the Triton kernel, except:
         - 0.11: the FlashInfer sampler, on by default where FlashInfer is installed (PR
-          #26859 turned it off for 0.12), with flashinfer-python now a dependency of the
-          CUDA wheel: fp32 logits and its masked copy and probabilities, 12 bytes. (A 0.10
-          pip install had no FlashInfer: a 0.10.2 log profiles 1.40 GiB, the sort's figure;
-          a 0.10 main-branch build with FlashInfer profiled 0.45 GiB.)
+          #26859 turned it off for 0.12, PR #26443 made flashinfer-python a dependency of
+          the CUDA wheel): fp32 logits and its masked copy and probabilities, 12 bytes.
+          Where FlashInfer is installed depends on how vLLM was: the project's images carry
+          it, a pip install of 0.9-0.11.0 did not (PR #21959 made it an extra). The logs
+          split that way: a 0.10.2 pip log profiles 1.40 GiB (the sort), a 0.10 build with
+          FlashInfer 0.45 GiB, a 0.11 log runs FlashInfer's kernel; the rule follows the
+          release's own default install from 0.11 on, and the logs before it.
         - 0.16-0.31: the Triton top-k/top-p kernel (PR #33538, February 2026): fp32
           logits and one probabilities buffer, 8 bytes.
         - 0.32+: the V2 model runner's dummy sampler keeps only the logits.
