@@ -3,7 +3,7 @@ non-torch memory, CUDA graphs, and the batch defaults that size them."""
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Final, Protocol
 
 from oominfer.base.units import GiB, KiB, MiB
 from oominfer.hardware.gpu import GpuSpec
@@ -229,15 +229,28 @@ def post_capture_short(
     profiling peak the budget held for activations (freed by then): the graph pool, then the
     sampler warm-up, must fit there with ``POST_CAPTURE_MARGIN_BYTES`` to spare.
     """
-    if not version.v1 or version.graphs_in_budget or graphs == 0:
+    if not version.graphs_after_kv_cache or graphs == 0:
         return 0
     free = total - budget + activation
     return max(0, graphs + sampler + POST_CAPTURE_MARGIN_BYTES - free)
 
 
-def utilization_for_capture(*, total: int, budget: int, short: int) -> float:
-    """The gpu_memory_utilization that leaves ``short`` more bytes above the budget for what
-    a release captures after sizing the KV cache (rounded down to 0.01; at least 0.05)."""
-    if total <= 0:
+class CaptureShortfall(Protocol):
+    """What ``utilization_for_capture`` reads of an estimate (MemoryBreakdown, or the
+    Prediction a plan records)."""
+
+    @property
+    def total_bytes(self) -> int: ...
+    @property
+    def budget_bytes(self) -> int: ...
+    @property
+    def post_capture_short_bytes(self) -> int: ...
+
+
+def utilization_for_capture(b: CaptureShortfall) -> float:
+    """The gpu_memory_utilization that leaves what ``b`` lacks after capture more room above
+    the budget (rounded down to 0.01; at least 0.05)."""
+    if b.total_bytes <= 0:
         return 0.0
-    return max(0.05, int((budget - short) / total * 100) / 100)
+    room = b.budget_bytes - b.post_capture_short_bytes
+    return max(0.05, int(room / b.total_bytes * 100) / 100)

@@ -107,7 +107,7 @@ def explain(
             why("cpu_offload"), int(s.cpu_offload_gb * GiB))  # fmt: skip
     captured_after = (
         "gpu_memory_utilization" not in asked
-        and version.v1 and not version.graphs_in_budget and not s.enforce_eager
+        and version.graphs_after_kv_cache and not s.enforce_eager
         and s.gpu_memory_utilization < defaults.gpu_memory_utilization
     )  # fmt: skip
     if s.gpu_memory_utilization != defaults.gpu_memory_utilization:

@@ -235,10 +235,7 @@ def settle(
         # A release that captures its CUDA graphs after sizing the KV cache (V1 before 0.20)
         # needs that room above the budget: a slightly smaller budget keeps the graphs. (A
         # utilization given, or set to what is free on the GPU, is kept: eager mode then.)
-        util = utilization_for_capture(
-            total=b.total_bytes, budget=b.budget_bytes, short=b.post_capture_short_bytes
-        )
-        settings = dataclasses.replace(settings, gpu_memory_utilization=util)
+        settings = dataclasses.replace(settings, gpu_memory_utilization=utilization_for_capture(b))
         b = estimate_for(spec, hardware, settings, c)
     if hardware.is_cpu and engine == "vllm" and settings.kv_cache_memory_bytes is None:
         # On the CPU vLLM sizes the cache from the process's resident memory, which the

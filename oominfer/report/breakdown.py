@@ -5,9 +5,9 @@ from __future__ import annotations
 from oominfer.base.units import counted, format_bytes
 from oominfer.hardware.hardware import Hardware
 from oominfer.memory.breakdown import MemoryBreakdown
+from oominfer.memory.profile import utilization_for_capture
 from oominfer.model.spec import ModelSpec
 from oominfer.planning.document import Prediction
-from oominfer.report.ways_out import post_capture_utilization
 from oominfer.settings import flag
 
 BAR_WIDTH = 60
@@ -159,7 +159,7 @@ def verdict(b: Prediction) -> tuple[bool, str]:
             f"{format_bytes(b.cuda_graph_bytes)} of CUDA graphs and captures them afterwards "
             f"above the budget, where with the sampler's warm-up they lack "
             f"{format_bytes(b.post_capture_short_bytes)} (CUDA out of memory after capture); "
-            f"try {flag('gpu_memory_utilization')} {post_capture_utilization(b):.2f} or "
+            f"try {flag('gpu_memory_utilization')} {utilization_for_capture(b):.2f} or "
             f"{flag('enforce_eager')}."
         )
     if b.kv_cache_bytes <= 0:

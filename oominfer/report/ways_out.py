@@ -11,7 +11,6 @@ from oominfer.memory.breakdown import MemoryBreakdown
 from oominfer.memory.estimate import estimate
 from oominfer.memory.profile import utilization_for_capture
 from oominfer.model.spec import ModelSpec
-from oominfer.planning.document import Prediction
 from oominfer.rules.parallel import tensor_parallel_refusal
 from oominfer.rules.versions import EngineVersion
 from oominfer.settings import Engine, EngineSettings, compact_json, declared, flag
@@ -32,7 +31,7 @@ def _tries(
         )
     if b.post_capture_short_bytes > 0:
         # More room above the budget for the graphs captured after the KV cache is sized.
-        util = post_capture_utilization(b)
+        util = utilization_for_capture(b)
         tries.append(
             (
                 f"{flag('gpu_memory_utilization')} {util:.2f}",
@@ -81,14 +80,6 @@ def _operator_tries(s: EngineSettings, b: MemoryBreakdown) -> list[tuple[str, En
         tries.append((f"{flag('speculative_config')} '{ngram}'",
                       dataclasses.replace(s, speculative_config=ngram)))  # fmt: skip
     return tries
-
-
-def post_capture_utilization(b: MemoryBreakdown | Prediction) -> float:
-    """The gpu_memory_utilization that leaves room above the budget for what ``b`` captures
-    after sizing the KV cache."""
-    return utilization_for_capture(
-        total=b.total_bytes, budget=b.budget_bytes, short=b.post_capture_short_bytes
-    )
 
 
 def ways_out(

@@ -80,6 +80,12 @@ class EngineVersion:
         )
 
     @property
+    def graphs_after_kv_cache(self) -> bool:
+        """The V1 engine before 0.20: the KV cache is sized without the CUDA graphs, which
+        are captured afterwards in the memory above the budget."""
+        return self.v1 and not self.graphs_in_budget
+
+    @property
     def default_gpu_memory_utilization(self) -> float:
         """vLLM's gpu_memory_utilization when none is given: 0.92 from 0.20, where CUDA-graph
         memory is reserved inside the budget (PR #38284 raised it with that), 0.9 before."""

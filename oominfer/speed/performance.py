@@ -306,9 +306,11 @@ def predict_burst(
         steady_tokens = tokens - running * w.output_len
         drain_time = w.output_len * full
         drain_weighted = drain_time * running
-    steady_time = steady_tokens / running * full + (interleaved if steady_tokens else 0.0)
+    if not steady_tokens:  # no request waits: every prompt is computed before decoding
+        interleaved = 0.0
+    steady_time = steady_tokens / running * full + interleaved
     decode = (steady_time + drain_time) * pp
-    total = (prefill - (interleaved if steady_tokens else 0.0)) * pp + decode
+    total = (prefill - interleaved) * pp + decode
     tpot = (steady_time * running + drain_weighted) / max(steady_tokens + running * w.output_len, 1)
     # A request waits for the prompts ahead of it and, when not in the first batch, for
     # a slot: on average half of each.
