@@ -23,7 +23,7 @@ import re
 import statistics
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from oominfer.base.errors import OominferError
 from oominfer.base.units import GiB
@@ -41,6 +41,8 @@ DEFAULT_LOGS = ROOT.parent / "shared" / "calibration" / "vllm_memory_logs.jsonl"
 # Lines of the log that only the V1 engine prints (a point without a version is V0-era).
 V1_MARKERS = ("kv_cache_utils", "v1/worker", "GPU KV cache size", "Available KV cache memory")
 
+
+T = TypeVar("T")
 
 # Checkpoints a log names that the catalog holds under another name with the same
 # architecture and weight format (same layers, widths, vocabulary, dtype or quantization).
@@ -82,14 +84,19 @@ QUANTIZED_STAND_INS: dict[str, tuple[str, QuantSpec]] = {
 PARTITION_WORDS = ("vGPU", "MIG ", "slice of")
 
 
+def _named(table: dict[str, T], text: str | None) -> T | None:
+    """The entry of ``table`` whose checkpoint name the point's model field starts with."""
+    return next((v for name, v in table.items() if (text or "").startswith(name)), None)
+
+
 def _model_id(text: str | None) -> str | None:
     """The first org/name in the point's model field that the catalog knows."""
-    for name, (base, _) in QUANTIZED_STAND_INS.items():
-        if (text or "").startswith(name):
-            return base
-    for name, stand_in in SAME_ARCHITECTURE.items():
-        if (text or "").startswith(name):
-            return stand_in
+    quantized = _named(QUANTIZED_STAND_INS, text)
+    if quantized is not None:
+        return quantized[0]
+    stand_in = _named(SAME_ARCHITECTURE, text)
+    if stand_in is not None:
+        return stand_in
     for candidate in re.findall(r"[\w.-]+/[\w.-]+", text or ""):
         entry = catalog_entry(candidate)
         if entry is not None:
@@ -174,13 +181,21 @@ def inputs(
     gpu = _gpu(point)
     hw = Hardware(gpu=gpu or find_gpu("A100-SXM-80GB"), count=max(tp, point.get("num_gpus") or 1))
     spec = load_spec(model_id)
-    for name, changes in CONFIG_DIFFERENCES.items():
-        if (point.get("model_id") or "").startswith(name):
-            spec = dataclasses.replace(spec, **changes)  # type: ignore[arg-type]
-    for name, (_, quant) in QUANTIZED_STAND_INS.items():
-        if (point.get("model_id") or "").startswith(name):
-            spec = dataclasses.replace(spec, quantization=quant, checkpoint=Checkpoint())
+    changes = _named(CONFIG_DIFFERENCES, point.get("model_id"))
+    if changes:
+        spec = dataclasses.replace(spec, **changes)  # type: ignore[arg-type]
+    quantized = _named(QUANTIZED_STAND_INS, point.get("model_id"))
+    if quantized is not None:
+        spec = dataclasses.replace(spec, quantization=quantized[1], checkpoint=Checkpoint())
     return spec, hw, settings, _version(point)
+
+
+def _as_printed(est: dict[str, Any], version: EngineVersion) -> float:
+    """The estimated activation peak as vLLM prints it, in GiB: where graph memory is reserved
+    before the KV cache, the printed peak holds that reserve (v1/worker/gpu_worker.py:
+    peak_activation_memory = transient_peak_headroom + cudagraph_memory_estimate_applied)."""
+    reserve = est["cuda_graph_gib"] if version.graphs_in_budget else 0.0
+    return float(est["activation_peak_gib"]) + reserve
 
 
 def judged(point: dict[str, Any]) -> bool:
@@ -240,13 +255,7 @@ def replay(point: dict[str, Any]) -> dict[str, Any]:
         "activation_peak_gib": b.activation_bytes / GiB,
         "fits": b.fits,
     }
-    # Where graph memory is reserved before the KV cache, the "peak activation" vLLM prints
-    # holds that reserve (v1/worker/gpu_worker.py: peak_activation_memory =
-    # transient_peak_headroom + cudagraph_memory_estimate_applied).
-    printed_activation = b.activation_bytes + (
-        b.cuda_graph_bytes if version.graphs_in_budget else 0
-    )
-    compared = dict(row["est"], activation_peak_gib=printed_activation / GiB)
+    compared = dict(row["est"], activation_peak_gib=_as_printed(row["est"], version))
     for part in ("cuda_graph_gib", "non_torch_gib", "activation_peak_gib"):
         if point.get(part) is not None and (part != "cuda_graph_gib" or not settings.enforce_eager):
             row[part.replace("_gib", "_err_gib")] = compared[part] - point[part]
@@ -324,9 +333,8 @@ def part_errors(
             if key == "cuda_graph_gib" and point.get("enforce_eager"):
                 continue
             estimated = est[key]
-            if key == "activation_peak_gib" and _version(point).graphs_in_budget:
-                # The printed peak holds the graph reserve (see ``replay``).
-                estimated += est["cuda_graph_gib"]
+            if key == "activation_peak_gib":
+                estimated = _as_printed(est, _version(point))
             error = estimated - measured
             out[part].append(abs(error / measured) if relative else abs(error))
         known = judged(point) and _gpu(point) is not None
