@@ -85,6 +85,28 @@ def test_catalog_is_sorted_and_large() -> None:
     assert len(in_file) >= 50
 
 
+def test_catalog_is_what_its_build_tool_writes(tmp_path) -> None:
+    # models.json is generated: tools/build_catalog.py, run on ../shared/calibration and
+    # tools/catalog_extra, writes it byte for byte (an edit made to the output alone shows
+    # here, and would be lost at the next build).
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    calibration = root.parent / "shared" / "calibration"
+    if not (calibration / "configs" / "INDEX.json").is_file():
+        pytest.skip(f"{calibration} is not here")
+    out = tmp_path / "models.json"
+    subprocess.run(
+        [sys.executable, str(root / "tools" / "build_catalog.py"), "--out", str(out)],
+        check=True,
+        capture_output=True,
+    )
+    built = out.read_text(encoding="utf-8")
+    assert built == (root / "oominfer" / "data" / "models.json").read_text(encoding="utf-8")
+
+
 # ---------------------------------------------------------------------- exact param counts
 
 # Per layer: attention = hidden x (heads + 2 kv_heads) x head_dim (Q, K, V) + heads x head_dim
