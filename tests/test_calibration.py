@@ -33,15 +33,16 @@ def replayed() -> tuple[list[dict[str, Any]], dict[str, Any]]:
 def test_every_point_is_replayed(replayed: tuple[list[dict[str, Any]], dict[str, Any]]) -> None:
     rows, s = replayed
     assert len(rows) == 46
-    # 13 of the 26 points added with the 46-log set name models the catalog lacks
+    # 11 of the 26 points added with the 46-log set name models the catalog lacks
     # (multimodal, unnamed checkpoints) under any name of the same architecture; two more
-    # are pre-quantized checkpoints of catalog models (QUANTIZED_STAND_INS).
-    assert len([r for r in rows if "skip" in r]) == 13
+    # are pre-quantized checkpoints of catalog models (QUANTIZED_STAND_INS). Qwen2.5-VL-7B
+    # (c08, c09) is in the catalog.
+    assert len([r for r in rows if "skip" in r]) == 11
     # A point that stops producing a comparison would loosen the medians unseen. (c10 ran
     # on a vGPU slice of an A100 whose total vLLM did not print: no KV or verdict there.)
-    assert (s["weights_points"], s["kv_v1_points"], s["kv_all_points"]) == (27, 11, 19)
-    assert len(s["kv_per_token_exact"]) == 13
-    assert len(s["verdicts"]) == 19
+    assert (s["weights_points"], s["kv_v1_points"], s["kv_all_points"]) == (28, 13, 21)
+    assert len(s["kv_per_token_exact"]) == 15
+    assert len(s["verdicts"]) == 21
 
 
 def test_weights_within_half_a_percent(
@@ -77,10 +78,11 @@ def test_kv_bytes_per_token_exact_and_every_verdict_right(
     assert all(s["kv_per_token_exact"]), [
         r["id"] for r in rows if r.get("kv_per_token_exact") is False
     ]
-    # c16 is an xfail of test_calibration_logs (a GPU shared with a foreign process and a
-    # graph pool six times the fitted one).
+    # c09 and c16 are xfails of test_calibration_logs (c09: an early-V1 graph pool and a
+    # sampler this deployment's image ran smaller; c16: a GPU shared with a foreign process
+    # and a graph pool six times the fitted one).
     wrong = [r["id"] for r in rows if r.get("verdict_ok") is False]
-    assert wrong == ["c16"], wrong
+    assert wrong == ["c09", "c16"], wrong
 
 
 @pytest.mark.skipif(not SHARED.is_file(), reason="no ../shared/calibration beside the checkout")

@@ -49,6 +49,14 @@ XFAIL: dict[tuple[str, str], str] = {
     "0.25.1, whose profile_cudagraph_memory returned 0 then (vllm issue #49224); the model "
     "follows the V1 runner until 0.32: 6.66 GiB estimated vs 7.48",
     ("dp54", "cuda_graphs"): "LoRA's Punica buffers are captured with the graphs",
+    ("c08", "cuda_graphs"): "0.9.0.1's pool for this multimodal model's 28 x 3584 language "
+    "model was 76 B per layer, hidden and graph where the other early-V1 logs at the same 67 "
+    "sizes show 144-257 B (c06, dp37, c10, c11; bench/fit_graphs.py leaves it out): 1.53 GiB "
+    "estimated vs 0.51",
+    ("c09", "verdict"): "0.9 captures its graphs above the budget (memory/profile.py "
+    "post_capture_short); the estimate's 1.53 GiB early-V1 pool and the PyTorch-sort "
+    "sampler of a pip install (1.30 GiB) leave 0.21 GiB short, where this deployment (c08's: "
+    "0.51 GiB of graphs) runs in an image that carries FlashInfer's sampler (0.51 GiB)",
     ("c16", "cuda_graphs"): "four engines and a foreign process share the GPU: the "
     "free-memory delta vLLM prints (3.49 GiB) is not the pool alone",
     ("c16", "verdict"): "0.11 captures its graphs above the budget, which the model checks "

@@ -18,12 +18,18 @@ from click.testing import CliRunner, Result
 from oominfer.base.errors import InvalidSettingError, ModelNotFoundError
 from oominfer.cli import main
 from oominfer.hardware.hardware import Hardware
-from oominfer.memory.additions import lora_slot_bytes, multimodal_bytes
+from oominfer.memory.additions import (
+    encoder_forward_bytes,
+    encoder_items,
+    lora_slot_bytes,
+    multimodal_bytes,
+)
 from oominfer.memory.breakdown import MemoryBreakdown
 from oominfer.memory.estimate import estimate
+from oominfer.memory.weights import weights_bytes
 from oominfer.model.load import load_spec
 from oominfer.planning.document import Plan
-from oominfer.rules.versions import CURRENT_VLLM
+from oominfer.rules.versions import CURRENT_VLLM, EngineVersion
 from oominfer.serving.extra import merge_extra
 from oominfer.settings import EngineSettings, engine_args
 
@@ -213,16 +219,52 @@ def test_mtp_drafts_with_the_models_own_layers() -> None:
 
 
 def test_the_encoder_cache_and_limits_of_zero() -> None:
-    """Gemma 3 27B: 256 tokens per image, so the cache is the prefill chunk's
-    max(2048, 256) x hidden 5376 x 2 bytes; images limited to 0 skip it."""
+    """Gemma 3 27B: 256 tokens per image, so a 2,048-token budget profiles 2,048 // 256 = 8
+    images (fewer than 256 sequences x 1 image each) and caches 8 x 256 embeddings of the
+    hidden 5376 in 2 bytes; images limited to 0 skip the encoder."""
     spec = load_spec("google/gemma-3-27b-it")
-    cache = multimodal_bytes(spec, EngineSettings(), dtype="bfloat16", tokens=2048)
-    assert cache == 2048 * 5376 * 2
+    items = encoder_items(spec, EngineSettings(), tokens=2048, seqs=256, max_len=8192)
+    assert items == 8
+    assert multimodal_bytes(spec, dtype="bfloat16", items=items) == 8 * 256 * 5376 * 2
+    # A long item fills the budget alone: at least one is profiled, however small the budget.
+    assert encoder_items(spec, EngineSettings(), tokens=100, seqs=256, max_len=8192) == 1
+    # Few sequences of short prompts bound it from the decoder's side (vLLM's _get_max_items).
+    assert encoder_items(spec, EngineSettings(), tokens=8192, seqs=2, max_len=512) == 4
     none = EngineSettings(limit_mm_per_prompt='{"image": 0}')
-    assert multimodal_bytes(spec, none, dtype="bfloat16", tokens=2048) == 0
-    assert (
-        multimodal_bytes(load_spec(LLAMA_8B), EngineSettings(), dtype="bfloat16", tokens=2048) == 0
+    assert encoder_items(spec, none, tokens=2048, seqs=256, max_len=8192) == 0
+    text = load_spec(LLAMA_8B)
+    assert encoder_items(text, EngineSettings(), tokens=2048, seqs=256, max_len=8192) == 0
+
+
+def test_the_vision_towers_forward_is_the_profiling_peak_where_it_is_larger() -> None:
+    """Qwen2.5-VL-7B on an L4 at vLLM 0.9 (calibration log c08): one image of 16,384 tokens
+    is 65,536 patches through a SwiGLU tower 1280 wide with an MLP of 3420: per patch 4 x
+    1280 + 3 x 3420 values in 2 bytes and 1,176 fp32 pixel values; 2.16 GiB, above the text
+    model's 2,048-token forward and sampler, so it is the activation peak (vLLM printed no
+    peak there; its KV cache is within 8%: bench/calibration.py)."""
+    spec = load_spec("Qwen/Qwen2.5-VL-7B-Instruct")
+    tower = spec.vision_encoder
+    assert tower is not None and tower.gated and tower.patches_per_token == 4
+    assert tower.patch_elements == 3 * 2 * 14 * 14
+    peak = encoder_forward_bytes(spec, dtype="bfloat16", items=1, tp=1)
+    assert peak == 65_536 * ((4 * 1280 + 3 * 3420) * 2 + 1176 * 4)
+    l4, v09 = Hardware.from_gpu("L4", 1), EngineVersion.parse("0.9")
+
+    def at(**settings: Any) -> MemoryBreakdown:
+        s = EngineSettings(max_model_len=2048, **settings)
+        return estimate(spec, hardware=l4, settings=s, version=v09)
+
+    b = at()
+    assert b.additions.encoder_items == 1
+    assert b.activation_bytes == peak - b.additions.multimodal_bytes
+    # Tensor parallel splits the MLP's intermediates, not the tower-width tensors.
+    assert encoder_forward_bytes(spec, dtype="bfloat16", items=1, tp=2) == 65_536 * (
+        (4 * 1280 + 3 * 1710) * 2 + 1176 * 4
     )
+    # Without images the tower is neither built nor run: the text model's peak alone.
+    text = at(limit_mm_per_prompt='{"image": 0, "video": 0}')
+    assert text.activation_bytes < b.activation_bytes
+    assert text.additions.multimodal_bytes == 0
 
 
 def test_expert_parallel_holds_whole_experts_and_data_parallel_splits_them_too() -> None:
@@ -348,17 +390,20 @@ def test_the_transformers_engine_refuses_vllm_only_additions() -> None:
         estimate(spec, hardware=L4, settings=s, engine="transformers", version=CURRENT_VLLM)
 
 
-def test_the_vision_tower_is_counted_where_the_weights_lack_it() -> None:
-    """Gemma 3's SigLIP tower (config.json's vision_config: 27 layers, hidden 1152, MLP
-    4304, patch 14) next to the text model's 5376: 27 x (4 x 1152^2 + 2 x 1152 x 4304)
-    + 3 x 14^2 x 1152 + 1152 x 5376 = 417,940,992 parameters (SigLIP-so400m: ~0.4 B)."""
+def test_the_vision_tower_is_in_the_weights_once() -> None:
+    """Gemma 3's SigLIP tower (423,058,032 parameters: test_estimate) is part of the weights
+    line, in 16 bits, and is not added again beside it; limits of 0 leave it unbuilt and
+    its weights unloaded."""
     spec = load_spec("google/gemma-3-27b-it")
-    assert spec.vision_params == 417_940_992
     h100 = Hardware.from_gpu("H100-SXM-80GB", 1)
     b = of("google/gemma-3-27b-it", h100)
-    assert b.additions.vision_tower_bytes == 417_940_992 * 2
+    assert b.additions.vision_tower_bytes == 423_058_032 * 2
+    assert b.additions.non_kv_bytes == b.additions.multimodal_bytes  # the tower not again
+    text_only = dataclasses.replace(spec, params=dataclasses.replace(spec.params, vision=0))
+    assert b.weights_bytes - weights_bytes(text_only, dtype="bfloat16") == 423_058_032 * 2
     unbuilt = of("google/gemma-3-27b-it", h100, limit_mm_per_prompt='{"image": 0}')
     assert unbuilt.additions.vision_tower_bytes == 0
+    assert b.weights_bytes - unbuilt.weights_bytes == 423_058_032 * 2
     assert unbuilt.kv_cache_bytes > b.kv_cache_bytes
     assert of(LLAMA_8B).additions.vision_tower_bytes == 0
 

@@ -48,8 +48,11 @@ class Additions:
     """Host memory of the adapters cached on the CPU (not on the GPU)."""
     multimodal_bytes: int = 0
     """The encoder cache: embeddings of the largest multimodal batch vLLM profiles."""
+    encoder_items: int = 0
+    """Images in that batch (``encoder_items``)."""
     vision_tower_bytes: int = 0
-    """The vision tower's weights, where the weights line (from the architecture) lacks it."""
+    """The vision tower's weights on this GPU (already within the weights line; 0 when the
+    limits leave it unbuilt)."""
     expert_weights_bytes: int = 0
     """Routed-expert weights on this GPU (already within the weights line)."""
     experts_per_gpu: int = 0
@@ -60,14 +63,13 @@ class Additions:
 
     @property
     def non_kv_bytes(self) -> int:
-        """What these additions take from the KV cache's budget (expert weights are part of
-        the weights line and not added again)."""
+        """What these additions take from the KV cache's budget (expert weights and the vision
+        tower are part of the weights line and not added again)."""
         return (
             self.speculative_weights_bytes
             + self.speculative_graph_bytes
             + self.lora_bytes
             + self.multimodal_bytes
-            + self.vision_tower_bytes
         )
 
 
@@ -233,33 +235,77 @@ def mm_item_count(limits: dict[str, Any]) -> int | None:
     return total
 
 
+def tower_built(spec: ModelSpec, s: EngineSettings) -> bool:
+    """Whether vLLM builds the model's vision tower: limits of 0 for every modality leave it
+    unbuilt, its weights unloaded (vllm/model_executor/models/interfaces.py
+    ``_mark_tower_model``: ``StageMissingLayer``)."""
+    return spec.params.vision > 0 and mm_item_count(s.mm_limits) != 0
+
+
 def vision_tower_bytes(spec: ModelSpec, s: EngineSettings, *, dtype: str) -> int:
-    """The vision tower's weights on one GPU, when the weights line does not hold them.
-
-    Exact checkpoint sizes (safetensors headers, published totals) already include the
-    tower; sizes computed from the architecture count the language model only, so the tower
-    (``ModelSpec.vision_params``, kept 16-bit by every quantization scheme, split by tensor
-    parallel as vLLM's default ``mm_encoder_tp_mode`` does) is added here. Limits of 0 for
-    every modality leave the tower unbuilt (vllm/model_executor/models/interfaces.py
-    ``_mark_tower_model``: ``StageMissingLayer``).
-    """
-    exact = spec.checkpoint.tensor_bytes is not None
-    if not spec.vision_params or exact or mm_item_count(s.mm_limits) == 0:
+    """The vision tower's share of one GPU's weights line (``ParamCounts.vision``, kept
+    16-bit by every quantization scheme, split by tensor parallel as vLLM's default
+    ``mm_encoder_tp_mode`` does); 0 when it is not built."""
+    if not tower_built(spec, s):
         return 0
-    return spec.vision_params * dtype_bytes(dtype) // s.tensor_parallel_size
+    return spec.params.vision * dtype_bytes(dtype) // s.tensor_parallel_size
 
 
-def multimodal_bytes(spec: ModelSpec, s: EngineSettings, *, dtype: str, tokens: int) -> int:
-    """The encoder cache of a multimodal model on one GPU.
+def encoder_items(
+    spec: ModelSpec, s: EngineSettings, *, tokens: int, seqs: int, max_len: int
+) -> int:
+    """Images in the profiling run's dummy encoder batch (0: no encoder to profile).
 
-    vLLM sizes it (vllm/v1/core/encoder_cache_manager.py ``compute_mm_encoder_budget``) as
-    max(max_num_batched_tokens, the largest item's tokens) embeddings of the language
-    model's hidden size, and fills it in the profiling run; limits of 0 for every modality
-    skip the encoder altogether (``--limit-mm-per-prompt '{"image": 0}'``).
+    vllm/multimodal/encoder_budget.py ``MultiModalBudget._get_max_items``: the encoder
+    budget, max(max_num_batched_tokens, the largest item's tokens)
+    (v1/core/encoder_cache_manager.py ``compute_mm_encoder_budget``), holds
+    ``budget // per_item`` items; the decoder side ``max_num_seqs`` x the items one prompt
+    takes (its limit, at most ``max_model_len // per_item``, at least 1); at least one.
     """
-    if not spec.mm_tokens_per_item or mm_item_count(s.mm_limits) == 0:
+    per_item = spec.mm_tokens_per_item
+    if not per_item or mm_item_count(s.mm_limits) == 0:
         return 0
-    return max(tokens, spec.mm_tokens_per_item) * spec.hidden_size * dtype_bytes(dtype)
+    limit = s.mm_limits.get("image", 999) if s.mm_limits else 999
+    if isinstance(limit, dict):
+        limit = limit.get("count", 999)
+    if int(limit) == 0:  # another modality's items (audio, video): their tower is not modelled
+        return 0
+    per_prompt = max(1, min(int(limit), max_len // per_item))
+    return max(1, min(max(tokens, per_item) // per_item, seqs * per_prompt))
+
+
+def multimodal_bytes(spec: ModelSpec, *, dtype: str, items: int) -> int:
+    """The encoder cache the profiling run fills on one GPU: the dummy batch's embeddings,
+    ``items`` x the largest item's tokens x the language model's hidden size, alive through
+    the text model's dummy forward (v1/worker/gpu_model_runner.py ``profile_run``)."""
+    return items * spec.mm_tokens_per_item * spec.hidden_size * dtype_bytes(dtype)
+
+
+ENCODER_HIDDEN_TEMPORARIES: Final = 4
+"""Tower-width tensors alive at a ViT block's MLP peak: the block's input, the attention
+output, the fused norm's output and the MLP's down projection."""
+
+
+def encoder_forward_bytes(spec: ModelSpec, *, dtype: str, items: int, tp: int) -> int:
+    """Peak of the profiling run's vision-tower forward over ``items`` images of the
+    largest size, on one GPU, before its output becomes the encoder cache.
+
+    The whole dummy batch goes through the tower at once (``embed_multimodal``): ``items``
+    x tokens per item x ViT positions per token (``VisionEncoder.patches_per_token``)
+    patches. Per patch, at a block's MLP peak: ``ENCODER_HIDDEN_TEMPORARIES`` tower-width
+    tensors plus the MLP's intermediates (gate/up and the activation, 3 x intermediate for
+    a SwiGLU MLP; fc1 and the activation, 2 x, otherwise; split by tensor parallel as
+    ``mm_encoder_tp_mode`` "weights" splits them), in the model dtype; and the pixel values
+    the processor hands over in fp32. The attention runs in memory-efficient kernels
+    (FlashAttention, xFormers, SDPA) and keeps no positions-squared matrix.
+    """
+    tower = spec.vision_encoder
+    if tower is None or items == 0:
+        return 0
+    patches = items * spec.mm_tokens_per_item * tower.patches_per_token
+    mlp = (3 if tower.gated else 2) * tower.intermediate_size // tp
+    per_patch = (ENCODER_HIDDEN_TEMPORARIES * tower.hidden_size + mlp) * dtype_bytes(dtype)
+    return patches * (per_patch + tower.patch_elements * 4)
 
 
 def expert_share(spec: ModelSpec, s: EngineSettings, stage_expert_bytes: int) -> tuple[int, int]:

@@ -26,11 +26,14 @@ from oominfer.memory.additions import (
     Draft,
     check_additions,
     draft,
+    encoder_forward_bytes,
+    encoder_items,
     expert_share,
     lora_cpu_cache_bytes,
     lora_slot_bytes,
     multimodal_bytes,
     state_blocks,
+    tower_built,
     vision_tower_bytes,
 )
 from oominfer.memory.breakdown import MemoryBreakdown
@@ -126,7 +129,9 @@ def estimate(
     if not version.always_chunked_prefill and max_len <= 32768:
         batched = max(batched, max_len)
     offload = int(s.cpu_offload_gb * GiB)
-    stages = stage_weights(spec, dtype=dtype, quantization=s.quantization, pp=pp)
+    stages = stage_weights(
+        spec, dtype=dtype, quantization=s.quantization, pp=pp, tower=tower_built(spec, s)
+    )
     ranges = pp_layer_ranges(spec.num_layers, pp)
     per_layer = kv_bytes_per_token_layer(spec, kv_bytes=kv_elem, tp=tp, version=version)
     state_dtype = dtype_bytes(spec.state_dtype) if spec.state_dtype else elem
@@ -147,8 +152,9 @@ def estimate(
             tp=tp,
         )
     _check_lora_with_drafts(s, seqs=seqs, batched=batched)
+    items = encoder_items(spec, s, tokens=batched, seqs=seqs, max_len=max_len)
     proposer, extra = _additions(
-        spec, s, dtype=dtype, kv_elem=kv_elem, batched=batched, version=version
+        spec, s, dtype=dtype, kv_elem=kv_elem, batched=batched, items=items, version=version
     )
     activation = activation_bytes(
         spec,
@@ -161,6 +167,11 @@ def estimate(
         # (memory/additions.py ``expert_share``), a tensor-parallel slice otherwise.
         expert_slices=1 if s.enable_expert_parallel else tp,
     )
+    # The vision tower's forward over the dummy images runs first; its output, the encoder
+    # cache, then stays alive through the text forward and the sampler: the peak is the
+    # larger of the tower's and (cache + the text model's).
+    tower = encoder_forward_bytes(spec, dtype=dtype, items=items, tp=tp)
+    activation = max(activation, tower - extra.multimodal_bytes)
     if device == "cuda" and version.sampler_warmup_pass:
         # 0.33's second dummy sampler pass copies the logits to fp32 (at least that much).
         activation += min(batched, seqs) * spec.vocab_size * 4
@@ -306,6 +317,7 @@ def _additions(
     dtype: str,
     kv_elem: int,
     batched: int,
+    items: int,
     version: EngineVersion,
 ) -> tuple[Draft | None, Additions]:
     """The operator additions that do not depend on the pipeline stage (memory/additions.py);
@@ -328,7 +340,8 @@ def _additions(
         ),
         lora_bytes=lora_slot_bytes(spec, s, dtype=dtype, tokens=batched),
         lora_cpu_cache_bytes=lora_cpu_cache_bytes(spec, s, dtype=dtype),
-        multimodal_bytes=multimodal_bytes(spec, s, dtype=dtype, tokens=batched),
+        multimodal_bytes=multimodal_bytes(spec, dtype=dtype, items=items),
+        encoder_items=items,
         vision_tower_bytes=vision_tower_bytes(spec, s, dtype=dtype),
         data_parallel_size=s.data_parallel_size,
         prefix_caching=s.enable_prefix_caching,

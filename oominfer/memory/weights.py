@@ -94,9 +94,12 @@ def pp_layer_ranges(num_layers: int, pp: int) -> list[range]:
     return [range(s, s + n) for s, n in zip(starts, sizes, strict=True)]
 
 
-def stage_weights(spec: ModelSpec, *, dtype: str, quantization: str | None, pp: int) -> list[int]:
+def stage_weights(
+    spec: ModelSpec, *, dtype: str, quantization: str | None, pp: int, tower: bool = True
+) -> list[int]:
     """Weights of each pipeline stage, whole (before tensor parallelism), in the engine's
-    format, the vocabulary padded as vLLM pads it.
+    format, the vocabulary padded as vLLM pads it; without the vision tower when ``tower``
+    is False (limits of 0 leave it unbuilt: memory/additions.py ``tower_built``).
 
     The first stage holds the embedding, the last the final norm and the LM head (with tied
     embeddings the last stage loads the embedding again: vLLM's models build it there when
@@ -118,6 +121,8 @@ def stage_weights(spec: ModelSpec, *, dtype: str, quantization: str | None, pp: 
     scale = weights_bytes(spec, dtype=dtype, quantization=quantization) / (
         embedding + lm_head + final + vision + sum(layers)
     )
+    if not tower:
+        vision = 0
     pad = -spec.vocab_size % VOCAB_PADDING * spec.hidden_size * elem
     out = []
     for index, stage in enumerate(pp_layer_ranges(spec.num_layers, pp)):

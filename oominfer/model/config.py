@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from oominfer.base.errors import UnsupportedConfigError
-from oominfer.model.params import UNGATED_MLP, param_counts, state_per_layer
+from oominfer.model.params import UNGATED_MLP, param_counts, state_per_layer, vision_encoder
 from oominfer.model.reader import ConfigReader
 from oominfer.model.spec import Checkpoint, LayerKind, ModelSpec, QuantSpec
 from oominfer.settings import dtype_name
@@ -169,7 +169,7 @@ def _parse(raw: Mapping[str, Any], *, model_id: str, checkpoint: Checkpoint, src
         quantization=quant,
         mtp_layers=r.integer("num_nextn_predict_layers", "mtp_num_hidden_layers", default=0),
         mm_tokens_per_item=_mm_tokens_per_item(cfg),
-        vision_params=_vision_params(cfg, hidden),
+        vision_encoder=vision_encoder(r),
         params=params,
         checkpoint=checkpoint,
         source=src,
@@ -191,37 +191,10 @@ def _mm_tokens_per_item(cfg: Mapping[str, Any]) -> int:
     if not isinstance(vision, Mapping):
         return 0
     size, patch = vision.get("image_size"), vision.get("patch_size")
-    merge = vision.get("spatial_merge_size") or 1
+    merge = vision.get("spatial_merge_size") or cfg.get("spatial_merge_size") or 1
     if isinstance(size, int) and isinstance(patch, int) and patch > 0:
         return (size // patch) ** 2 // (merge * merge)
     return _DYNAMIC_RESOLUTION_TOKENS
-
-
-def _vision_params(cfg: Mapping[str, Any], text_hidden: int) -> int:
-    """The vision tower's parameters, by role from ``vision_config`` (ViT blocks of CLIP,
-    SigLIP, Qwen-VL): per layer 4 h^2 (attention) + 2 h x intermediate (MLP); the patch
-    embedding 3 p^2 h; a projector h x text hidden. Approximate: position embeddings, norms
-    and biases (under 1%) are left out. 0 without a ``vision_config``."""
-    vision = cfg.get("vision_config")
-    if not isinstance(vision, Mapping):
-        return 0
-
-    def number(*keys: str) -> int:
-        for key in keys:
-            value = vision.get(key)
-            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-                return value
-        return 0
-
-    layers = number("num_hidden_layers", "depth") + number("num_global_layers")
-    hidden = number("embed_dim", "width", "hidden_size")
-    inter = number("intermediate_size") or int(vision.get("mlp_ratio") or 4) * hidden
-    patch = number("patch_size")
-    return (
-        layers * (4 * hidden**2 + 2 * hidden * inter)
-        + 3 * patch**2 * hidden
-        + (hidden * text_hidden)
-    )
 
 
 def _layer_kinds(r: ConfigReader, layers: int) -> tuple[LayerKind, ...]:

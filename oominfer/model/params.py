@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import math
-from typing import Final
+from collections.abc import Mapping
+from typing import Any, Final
 
 from oominfer.model.reader import ConfigReader
-from oominfer.model.spec import ATTENTION_KINDS, STATE_KINDS, LayerKind, ParamCounts
+from oominfer.model.spec import (
+    ATTENTION_KINDS,
+    STATE_KINDS,
+    LayerKind,
+    ParamCounts,
+    VisionEncoder,
+)
 
 # Model types whose MLP is up/down only (no gate projection).
 UNGATED_MLP: Final = frozenset(
@@ -126,7 +133,8 @@ def param_counts(
 def vision_params(r: ConfigReader, *, text_hidden: int) -> int:
     """Parameters of a multimodal checkpoint's vision tower and projector (``vision_config``).
 
-    A ViT: per layer the q/k/v/o projections (4 h^2), the MLP (2 h i), their biases and two
+    A ViT: per layer the q/k/v/o projections (4 h^2), the MLP (2 h i; 3 h i for the SwiGLU
+    MLP of towers with a ``silu`` activation: Qwen2.5-VL, Pixtral), their biases and two
     norms; the patch embedding (channels x temporal x patch^2 x h), the position table and
     the projector to the language model (h x text hidden; with a spatial merge of m x m
     patches, Qwen-VL's merger: (m^2 h)^2 + m^2 h x out). Towers with extra blocks (mllama's
@@ -147,11 +155,43 @@ def vision_params(r: ConfigReader, *, text_hidden: int) -> int:
     positions = v.integer("num_position_embeddings", default=(image // patch) ** 2 if image else 0)
     merge = v.integer("spatial_merge_size", default=1)
     out = v.integer("out_hidden_size", default=text_hidden)
-    per_layer = 4 * hidden * hidden + 2 * hidden * inter + 9 * hidden + inter
+    mlp = (3 if vision_gated(v.cfg) else 2) * hidden * inter
+    per_layer = 4 * hidden * hidden + mlp + 9 * hidden + inter
     merged = merge * merge * hidden
     projector = merged * merged + merged * out if merge > 1 else hidden * out
     embed = channels * temporal * patch * patch * hidden + positions * hidden
     return layers * per_layer + embed + 2 * hidden + projector
+
+
+def vision_gated(vision: Mapping[str, Any]) -> bool:
+    """A SwiGLU tower MLP (gate, up and down projections): the towers whose ``hidden_act`` is
+    ``silu`` (Qwen2.5-VL, Pixtral); CLIP, SigLIP, Qwen2-VL and Qwen3-VL's GELU MLPs have
+    two."""
+    return str(vision.get("hidden_act", "")) == "silu"
+
+
+def vision_encoder(r: ConfigReader) -> VisionEncoder | None:
+    """The vision tower's shape for the profiling run (memory/additions.py
+    ``encoder_forward_bytes``); None without a ``vision_config`` that gives its width."""
+    v = r.section("vision_config")
+    if v is None:
+        return None
+    hidden = v.integer("hidden_size", "embed_dim", default=0)
+    if not hidden:
+        return None
+    patch = v.integer("patch_size", default=14)
+    image = v.integer("image_size", default=0)
+    pooled = r.integer("mm_tokens_per_image", default=0)
+    merge = v.integer("spatial_merge_size", default=0) or r.integer("spatial_merge_size", default=1)
+    positions = (image // patch) ** 2 // pooled if image and pooled else merge * merge
+    channels = v.integer("num_channels", "in_channels", "in_chans", default=3)
+    return VisionEncoder(
+        hidden_size=hidden,
+        intermediate_size=v.integer("intermediate_size", default=4 * hidden),
+        gated=vision_gated(v.cfg),
+        patch_elements=channels * v.integer("temporal_patch_size", default=1) * patch * patch,
+        patches_per_token=max(1, positions),
+    )
 
 
 def _dense_layers(r: ConfigReader, layers: int, n_experts: int) -> set[int]:

@@ -69,6 +69,21 @@ class QuantSpec:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class VisionEncoder:
+    """The vision tower's shape, as vLLM's profiling run drives it (``vision_config``)."""
+
+    hidden_size: int
+    intermediate_size: int
+    gated: bool
+    """A SwiGLU MLP (towers with a ``silu`` activation): gate and up outputs both alive."""
+    patch_elements: int
+    """Pixel values of one patch: channels x temporal patch x patch^2."""
+    patches_per_token: int
+    """ViT positions behind one language-model token: the spatial merge (Qwen-VL,
+    Pixtral: 2 x 2) or the pooling (Gemma 3: 4,096 patches to 256 tokens); 1 for LLaVA."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ParamCounts:
     """Parameter counts by role, derived from the architecture (elements, not bytes)."""
 
@@ -166,9 +181,8 @@ class ModelSpec:
     what ``--speculative-config '{"method": "mtp"}'`` drafts with."""
     mm_tokens_per_item: int = 0
     """Language-model tokens one image becomes, at most (0: a text-only model)."""
-    vision_params: int = 0
-    """Parameters of the vision tower and its projector, from ``vision_config`` (not in
-    ``params``, which counts the language model)."""
+    vision_encoder: VisionEncoder | None = None
+    """The vision tower's shape (None: a text-only model, or a tower not described)."""
     params: ParamCounts
     checkpoint: Checkpoint = field(default_factory=Checkpoint)
     source: str = "config"

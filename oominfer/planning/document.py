@@ -89,7 +89,7 @@ class Prediction:
             speculative_kv_bytes_per_token=a.speculative_kv_bytes_per_token,
             lora_bytes=a.lora_bytes,
             lora_cpu_cache_bytes=a.lora_cpu_cache_bytes,
-            multimodal_bytes=a.multimodal_bytes + a.vision_tower_bytes,
+            multimodal_bytes=a.multimodal_bytes,
             expert_weights_bytes=a.expert_weights_bytes,
             experts_per_gpu=a.experts_per_gpu,
         )

@@ -115,9 +115,10 @@ def _addition_rows(b: MemoryBreakdown) -> list[tuple[str, str]]:
         rows.append(("  LoRA slots", f"{format_bytes(a.lora_bytes)} (CPU cache: {host} of host "
                      "memory)"))  # fmt: skip
     if a.vision_tower_bytes:
-        rows.append(("  vision tower", format_bytes(a.vision_tower_bytes)))
+        rows.append(("  vision tower", f"{format_bytes(a.vision_tower_bytes)} of the weights"))
     if a.multimodal_bytes:
-        rows.append(("  encoder cache", format_bytes(a.multimodal_bytes)))
+        images = f"{a.encoder_items} image{'s' if a.encoder_items != 1 else ''}"
+        rows.append(("  encoder cache", f"{format_bytes(a.multimodal_bytes)} ({images} profiled)"))
     if a.experts_per_gpu:
         rows.append(("  experts (EP)", f"{a.experts_per_gpu} per GPU, "
                      f"{format_bytes(a.expert_weights_bytes)} of the weights"))  # fmt: skip
