@@ -224,15 +224,18 @@ def _lora_slot_elements(spec: ModelSpec, s: EngineSettings) -> int:
     return attention * attn_layers + mlp * spec.num_layers
 
 
+def item_limit(limits: dict[str, Any], modality: str) -> int:
+    """Items one prompt may carry of ``modality`` (vLLM's default: 999); a limit is a count
+    or ``{"count": n, ...}``."""
+    value = limits.get(modality, 999) if limits else 999
+    return int(value.get("count", 999) if isinstance(value, dict) else value)
+
+
 def mm_item_count(limits: dict[str, Any]) -> int | None:
     """Items per prompt over every modality (None: vLLM's defaults, 999 each)."""
     if not limits:
         return None
-    total = 0
-    for value in limits.values():
-        count = value.get("count", 999) if isinstance(value, dict) else value
-        total += int(count)
-    return total
+    return sum(item_limit(limits, modality) for modality in limits)
 
 
 def tower_built(spec: ModelSpec, s: EngineSettings) -> bool:
@@ -265,12 +268,10 @@ def encoder_items(
     per_item = spec.mm_tokens_per_item
     if not per_item or mm_item_count(s.mm_limits) == 0:
         return 0
-    limit = s.mm_limits.get("image", 999) if s.mm_limits else 999
-    if isinstance(limit, dict):
-        limit = limit.get("count", 999)
-    if int(limit) == 0:  # another modality's items (audio, video): their tower is not modelled
+    limit = item_limit(s.mm_limits, "image")
+    if limit == 0:  # another modality's items (audio, video): their tower is not modelled
         return 0
-    per_prompt = max(1, min(int(limit), max_len // per_item))
+    per_prompt = max(1, min(limit, max_len // per_item))
     return max(1, min(max(tokens, per_item) // per_item, seqs * per_prompt))
 
 

@@ -10,7 +10,13 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from oominfer.base.errors import UnsupportedConfigError
-from oominfer.model.params import UNGATED_MLP, param_counts, state_per_layer, vision_encoder
+from oominfer.model.params import (
+    UNGATED_MLP,
+    param_counts,
+    spatial_merge,
+    state_per_layer,
+    vision_encoder,
+)
 from oominfer.model.reader import ConfigReader
 from oominfer.model.spec import Checkpoint, LayerKind, ModelSpec, QuantSpec
 from oominfer.settings import dtype_name
@@ -191,7 +197,7 @@ def _mm_tokens_per_item(cfg: Mapping[str, Any]) -> int:
     if not isinstance(vision, Mapping):
         return 0
     size, patch = vision.get("image_size"), vision.get("patch_size")
-    merge = vision.get("spatial_merge_size") or cfg.get("spatial_merge_size") or 1
+    merge = spatial_merge(cfg)
     if isinstance(size, int) and isinstance(patch, int) and patch > 0:
         return (size // patch) ** 2 // (merge * merge)
     return _DYNAMIC_RESOLUTION_TOKENS

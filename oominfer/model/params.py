@@ -163,6 +163,14 @@ def vision_params(r: ConfigReader, *, text_hidden: int) -> int:
     return layers * per_layer + embed + 2 * hidden + projector
 
 
+def spatial_merge(cfg: Mapping[str, Any]) -> int:
+    """Patches merged per side into one language-model token: ``vision_config``'s
+    ``spatial_merge_size`` (Qwen-VL), else the top level's (Mistral 3's Pixtral), else 1."""
+    vision = cfg.get("vision_config")
+    inner = vision.get("spatial_merge_size") if isinstance(vision, Mapping) else None
+    return int(inner or cfg.get("spatial_merge_size") or 1)
+
+
 def vision_gated(vision: Mapping[str, Any]) -> bool:
     """A SwiGLU tower MLP (gate, up and down projections): the towers whose ``hidden_act`` is
     ``silu`` (Qwen2.5-VL, Pixtral); CLIP, SigLIP, Qwen2-VL and Qwen3-VL's GELU MLPs have
@@ -182,7 +190,7 @@ def vision_encoder(r: ConfigReader) -> VisionEncoder | None:
     patch = v.integer("patch_size", default=14)
     image = v.integer("image_size", default=0)
     pooled = r.integer("mm_tokens_per_image", default=0)
-    merge = v.integer("spatial_merge_size", default=0) or r.integer("spatial_merge_size", default=1)
+    merge = spatial_merge(r.cfg)
     positions = (image // patch) ** 2 // pooled if image and pooled else merge * merge
     channels = v.integer("num_channels", "in_channels", "in_chans", default=3)
     return VisionEncoder(
