@@ -56,6 +56,9 @@ SAME_ARCHITECTURE: dict[str, str] = {
     "Qwen/Qwen2-7B-Instruct": "Qwen/Qwen2.5-7B-Instruct",
     # A DPO fine-tune of Llama-3.1-8B (8,030,261,248 parameters: one token added).
     "Llama-3.1-8B fine-tune": "meta-llama/Llama-3.1-8B",
+    # Qwen3-Next-80B-A3B's Instruct and Thinking checkpoints share every shape (48 hybrid
+    # layers x 2048, 512 experts, vocab 151936) and the BF16 format.
+    "Qwen3-Next-80B-A3B (variant not named": "Qwen/Qwen3-Next-80B-A3B-Thinking",
 }
 
 
@@ -158,6 +161,12 @@ def _dtype(text: str | None) -> str:
     return "auto"
 
 
+def _quoted_flag(point: dict[str, Any], name: str) -> str | None:
+    """The single-quoted value of a command-line flag in the point's quote, or None."""
+    m = re.search(re.escape(name) + r"\s+'([^']*)'", point.get("quote") or "")
+    return m.group(1) if m else None
+
+
 def inputs(
     point: dict[str, Any],
 ) -> tuple[ModelSpec, Hardware, EngineSettings, EngineVersion] | None:
@@ -177,6 +186,8 @@ def inputs(
         enforce_eager=bool(point.get("enforce_eager")),
         tensor_parallel_size=tp,
         enable_expert_parallel="--enable-expert-parallel" in (point.get("quote") or ""),
+        speculative_config=_quoted_flag(point, "--speculative-config"),
+        enable_prefix_caching=point.get("enable_prefix_caching"),
     )
     gpu = _gpu(point)
     hw = Hardware(gpu=gpu or find_gpu("A100-SXM-80GB"), count=max(tp, point.get("num_gpus") or 1))
@@ -218,11 +229,9 @@ def replay(point: dict[str, Any]) -> dict[str, Any]:
     b = estimate(spec, hardware=hw, settings=settings, version=version)
     row.update(model=model_id, version=".".join(map(str, version.release)), v1=version.v1)
 
-    measured_w = point.get("weights_gib") or point.get("weights_loading_GB")
-    if measured_w is None and point.get("weights_loading_MB"):
-        measured_w = point["weights_loading_MB"] / 1024
+    measured_w = measured_weights_gib(point)
     if measured_w:
-        row["weights_err"] = b.weights_bytes / (measured_w * GiB) - 1
+        row["weights_err"] = b.loaded_bytes / (measured_w * GiB) - 1
 
     tokens = point.get("kv_cache_tokens")
     if tokens is None and point.get("gpu_blocks") is not None:
@@ -248,7 +257,8 @@ def replay(point: dict[str, Any]) -> dict[str, Any]:
             row["verdict_ok"] = b.fits == (point.get("error") is None)
             row["fits"] = b.fits
     row["est"] = {
-        "weights_gib": b.weights_bytes / GiB,
+        # As "Model loading took" counts it: with a draft's weights and LoRA slots.
+        "weights_gib": b.loaded_bytes / GiB,
         "kv_cache_gib": b.kv_cache_bytes / GiB,
         "cuda_graph_gib": b.cuda_graph_bytes / GiB,
         "non_torch_gib": b.non_torch_bytes / GiB,

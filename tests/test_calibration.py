@@ -33,14 +33,15 @@ def replayed() -> tuple[list[dict[str, Any]], dict[str, Any]]:
 def test_every_point_is_replayed(replayed: tuple[list[dict[str, Any]], dict[str, Any]]) -> None:
     rows, s = replayed
     assert len(rows) == 46
-    # 11 of the 26 points added with the 46-log set name models the catalog lacks
+    # 10 of the 26 points added with the 46-log set name models the catalog lacks
     # (multimodal, unnamed checkpoints) under any name of the same architecture; two more
     # are pre-quantized checkpoints of catalog models (QUANTIZED_STAND_INS). Qwen2.5-VL-7B
-    # (c08, c09) is in the catalog.
-    assert len([r for r in rows if "skip" in r]) == 11
+    # (c08, c09) is in the catalog; c21 runs as Qwen3-Next-80B-A3B-Thinking
+    # (SAME_ARCHITECTURE), its MTP drafter's weights in "Model loading took".
+    assert len([r for r in rows if "skip" in r]) == 10
     # A point that stops producing a comparison would loosen the medians unseen. (c10 ran
     # on a vGPU slice of an A100 whose total vLLM did not print: no KV or verdict there.)
-    assert (s["weights_points"], s["kv_v1_points"], s["kv_all_points"]) == (28, 13, 21)
+    assert (s["weights_points"], s["kv_v1_points"], s["kv_all_points"]) == (29, 13, 21)
     assert len(s["kv_per_token_exact"]) == 15
     assert len(s["verdicts"]) == 21
 
@@ -67,8 +68,10 @@ def test_activation_peak_within_a_quarter_gib(
     # The profiling run's peak beside what the logs print (0.46 GiB over 10 points before
     # the sampler's top-k/top-p path per release and the forward/sampler maximum). The
     # misses left: V0 bitsandbytes (dp16, dp54), V0's Llama-3 at 0.6 (dp13/dp14) and a
-    # 0.10 main-branch build with FlashInfer installed (c12; a pip install had none).
-    assert s["activation_median_gib"] <= 0.36, s["activation_median_gib"]  # today 0.34
+    # 0.10 main-branch build with FlashInfer installed (c12; a pip install had none). c21
+    # (Qwen3-Next with its MTP drafter, 0.10.2, +0.54 GiB) moved the median from 0.34 (12
+    # points) to the next value up.
+    assert s["activation_median_gib"] <= 0.48, s["activation_median_gib"]  # today 0.46
 
 
 def test_kv_bytes_per_token_exact_and_every_verdict_right(

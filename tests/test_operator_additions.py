@@ -218,6 +218,29 @@ def test_mtp_drafts_with_the_models_own_layers() -> None:
     assert b.additions.speculative_kv_bytes_per_token == (512 + 64) * 2
 
 
+def test_qwen3_next_drafts_with_one_mtp_layer_its_config_does_not_state() -> None:
+    """Qwen3-Next's config.json has no num_nextn_predict_layers, yet its checkpoints carry one
+    mtp.* layer and vLLM builds getattr(config, "num_nextn_predict_layers", 1) of them: the
+    recipe's qwen3_next_mtp runs (c21 of the calibration logs started with it at TP4)."""
+    spec = load_spec("Qwen/Qwen3-Next-80B-A3B-Thinking")
+    assert spec.mtp_layers == 1
+    h100x4 = Hardware.from_gpu("H100", 4)
+    config = '{"method": "qwen3_next_mtp", "num_speculative_tokens": 2}'
+    b = of("Qwen/Qwen3-Next-80B-A3B-Thinking", h100x4, tensor_parallel_size=4,
+           speculative_config=config)  # fmt: skip
+    a = b.additions
+    assert a.speculative_method == "mtp"
+    # One full-attention MoE layer (the model's last) plus the 2 x hidden -> hidden fc.
+    p = spec.params
+    layer = p.layer_linear[-1] + p.layer_experts[-1] + p.layer_other[-1]
+    assert a.speculative_weights_bytes == (layer + 2 * 2048 * 2048) * 2 // 4
+    # "Model loading took" counts the draft with the target (GPUModelRunner.load_model).
+    assert b.loaded_bytes == b.weights_bytes + a.speculative_weights_bytes
+    # A model whose config states none and whose vLLM class builds none is still refused.
+    with pytest.raises(InvalidSettingError, match="has none"):
+        of(LLAMA_8B, speculative_config='{"method": "mtp", "num_speculative_tokens": 1}')
+
+
 def test_the_encoder_cache_and_limits_of_zero() -> None:
     """Gemma 3 27B: 256 tokens per image, so a 2,048-token budget profiles 2,048 // 256 = 8
     images (fewer than 256 sequences x 1 image each) and caches 8 x 256 embeddings of the

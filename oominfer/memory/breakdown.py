@@ -72,6 +72,13 @@ class MemoryBreakdown:
         )
 
     @property
+    def loaded_bytes(self) -> int:
+        """What vLLM's "Model loading took" line counts: the weights, the draft's weights and
+        the LoRA slots, all built inside ``GPUModelRunner.load_model``'s memory profiler."""
+        a = self.additions
+        return self.weights_bytes + a.speculative_weights_bytes + a.lora_bytes
+
+    @property
     def fits(self) -> bool:
         """True when one request at max_model_len fits in the KV cache."""
         return (

@@ -173,13 +173,23 @@ def _parse(raw: Mapping[str, Any], *, model_id: str, checkpoint: Checkpoint, src
         state_elements_per_layer=state_elems,
         state_dtype=state_dtype,
         quantization=quant,
-        mtp_layers=r.integer("num_nextn_predict_layers", "mtp_num_hidden_layers", default=0),
+        mtp_layers=r.integer(
+            "num_nextn_predict_layers",
+            "mtp_num_hidden_layers",
+            default=_MTP_LAYERS_UNSTATED.get(model_type, 0),
+        ),
         mm_tokens_per_item=_mm_tokens_per_item(cfg),
         vision_encoder=vision_encoder(r),
         params=params,
         checkpoint=checkpoint,
         source=src,
     )
+
+
+# MTP layers vLLM builds where config.json states none: Qwen3-Next's checkpoints carry one
+# ``mtp.*`` layer, and vllm/model_executor/models/qwen3_next_mtp.py reads
+# ``getattr(config, "num_nextn_predict_layers", 1)``.
+_MTP_LAYERS_UNSTATED: Final[dict[str, int]] = {"qwen3_next": 1}
 
 
 # Qwen2-VL's image processor: max_pixels 12,845,056 / (14 x 14 patches) / (2 x 2 merge).

@@ -73,7 +73,7 @@ def correct(
     b = result.breakdown
     over = 0
     if facts.weights_bytes:
-        over = max(0, facts.weights_bytes - b.weights_bytes)
+        over = max(0, facts.weights_bytes - b.loaded_bytes)
     reserve = max(over, b.budget_bytes // 10, GiB // 4)
     if c.kv_cache_memory_bytes is not None:
         kv = c.kv_cache_memory_bytes - reserve
