@@ -166,19 +166,32 @@ def _rate(point: dict[str, Any]) -> float | None:
     return float(raw)
 
 
-def at_rate(perf_at: Any, rate: float, cap: int) -> Performance | None:
-    """The steady state of an open loop at ``rate`` requests/s: the smallest concurrency
-    whose closed loop serves that many requests a second (Little's law), or the cap when
-    the rate is more than the plan serves (the queue then grows)."""
-    best = None
+def at_rate(perf_at: Any, rate: float, cap: int, requests: int) -> Performance | None:
+    """An open loop of ``requests`` requests sent at ``rate`` a second, as benchmark_serving
+    reports it: tokens over the run's duration, from the first request sent to the last
+    answered.
+
+    The steady state is the smallest concurrency whose closed loop serves the rate (Little's
+    law), or the cap when the rate is more than the plan serves (the queue then grows). The
+    run then serves min(rate, capacity) requests a second while they arrive ((n - 1) / rate
+    on average), and ends with the last request's own latency (TTFT + its output tokens'
+    TPOT): with a few hundred prompts that drain is a good part of the duration."""
+    steady = None
     for c in range(1, cap + 1):
         perf = perf_at(c)
         if perf is None:
-            return best
-        best = perf
+            break
+        steady = perf
         if perf.requests_per_s >= rate or perf.concurrency < c:
-            return perf
-    return best
+            break
+    if steady is None:
+        return None
+    served = min(rate, steady.requests_per_s)
+    latency = steady.ttft_s + (steady.output_len - 1) * steady.tpot_s
+    per_s = requests / ((requests - 1) / served + latency)
+    return dataclasses.replace(
+        steady, requests_per_s=per_s, output_tokens_per_s=per_s * steady.output_len
+    )
 
 
 def replay(point: dict[str, Any]) -> dict[str, Any]:
@@ -224,15 +237,15 @@ def replay(point: dict[str, Any]) -> dict[str, Any]:
         return predict(spec, gpu=gpu, settings=settings, breakdown=b, workload=w)
 
     rate = _rate(point)
+    prompts = _int(point.get("num_prompts")) or OFFLINE_PROMPTS
     if rate is None:
         perf = perf_at(int(point["concurrency"]))
     elif math.isinf(rate):
-        prompts = _int(point.get("num_prompts")) or OFFLINE_PROMPTS
         perf = predict_burst(spec, gpu=gpu, settings=settings, breakdown=b, requests=prompts,
                              input_len=input_len, output_len=output_len,
                              spread=how != "stated")  # fmt: skip
     else:
-        perf = at_rate(perf_at, rate, b.max_num_seqs)
+        perf = at_rate(perf_at, rate, b.max_num_seqs, prompts)
     if perf is None:
         return {**row, "skip": "nothing to predict (does not fit or no GPU figures)"}
     measured = _measured(point, output_len)
