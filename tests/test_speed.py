@@ -38,7 +38,9 @@ TODAY: dict[str, dict[str, float]] = {
     "t02": {"output_tokens_per_s": 1.410, "tpot_s": 0.738},
     "t03": {"output_tokens_per_s": 0.992, "tpot_s": 1.008},
     "t04": {"output_tokens_per_s": 0.831, "tpot_s": 1.204},
-    "t07": {"output_tokens_per_s": 0.633, "tpot_s": 1.574},
+    # The older AWQ kernel (--quantization awq) at the 16-bit read share (0.633 / 1.574 at
+    # the 0.45 it had before).
+    "t07": {"output_tokens_per_s": 0.935, "tpot_s": 1.054},
     "t08": {"output_tokens_per_s": 0.828, "tpot_s": 1.161},
     "t09": {"output_tokens_per_s": 1.185, "tpot_s": 0.844},
     "t10": {"output_tokens_per_s": 1.103, "tpot_s": 0.907},
@@ -88,7 +90,7 @@ def test_each_published_point_stays_where_it_is(
 def test_the_medians_meet_the_target(replayed: dict[str, dict[str, Any]]) -> None:
     bench = load_script("bench/speed.py")
     s = bench.summary(list(replayed.values()))
-    # The target: within 25% median; today 17.7% and 16.6% (vLLM points that their
+    # The target: within 25% median; today 17.1% and 16.1% (vLLM points that their
     # source does not flag as anomalous).
     assert s["output_tokens_per_s"]["median_abs_error"] <= 0.25
     assert s["tpot_s"]["median_abs_error"] <= 0.25
