@@ -15,11 +15,12 @@ from oominfer.hardware.hardware import Hardware
 from oominfer.memory.breakdown import MemoryBreakdown
 from oominfer.memory.estimate import estimate
 from oominfer.memory.profile import CPU_RUNTIME_BYTES
-from oominfer.memory.weights import weights_bytes
+from oominfer.memory.weights import mxfp4_expert_ratio, weights_bytes
 from oominfer.model.catalog import catalog_entry
 from oominfer.model.config import spec_from_config
+from oominfer.model.load import load_spec
 from oominfer.model.spec import ModelSpec
-from oominfer.rules.versions import CURRENT_VLLM
+from oominfer.rules.versions import CURRENT_VLLM, EngineVersion
 from oominfer.settings import Device, EngineSettings
 
 L4 = find_gpu("L4")
@@ -468,3 +469,44 @@ def test_a_release_that_captures_graphs_after_the_kv_cache_needs_room_above_the_
     assert at("0.11", enforce_eager=True).fits
     assert at("0.11", gpu_memory_utilization=0.85).fits
     assert at("0.11", gpu_memory_utilization=0.85).post_capture_short_bytes == 0
+
+
+@pytest.mark.parametrize(
+    ("release", "logged_gib"),
+    [
+        # vllm issue #23278: 0.10.1 runs MXFP4 experts on Hopper with Marlin.
+        ("0.10.1", 65.9651),
+        # vllm issue #33155: 0.14.1, the Triton kernels' swizzled layout.
+        ("0.14.1", 64.38),
+    ],
+)
+def test_mxfp4_experts_as_the_kernels_hold_them(release: str, logged_gib: float) -> None:
+    """gpt-oss-120b on one H100: "Model loading took" is 3.7-5.3 GiB above the checkpoint's
+    60.7 GiB, because vLLM's MXFP4 MoE kernels pad the expert matrices (2,880 wide)."""
+    spec = load_spec("openai/gpt-oss-120b")
+    b = estimate(spec, hardware=Hardware.from_gpu("H100"),
+                 settings=EngineSettings(max_model_len=8192),
+                 version=EngineVersion.parse(release))  # fmt: skip
+    assert abs(b.weights_bytes / GiB / logged_gib - 1) <= 0.01, b.weights_bytes / GiB
+
+
+def test_mxfp4_padding_by_backend() -> None:
+    spec = load_spec("openai/gpt-oss-120b")
+
+    def ratio(gpu: str, release: str, slices: int = 1) -> float:
+        version = EngineVersion.parse(release)
+        return mxfp4_expert_ratio(spec, gpu=find_gpu(gpu), version=version, expert_slices=slices)
+
+    # Marlin: intermediate 2,880 -> 2,944 (128), hidden 2,880 -> 3,072 (256).
+    assert ratio("A100", "0.33.0") == pytest.approx(2944 * 3072 / 2880**2)
+    # Sliced over 4 ranks, each rank's 720 rows round up to 768.
+    assert ratio("A100", "0.33.0", 4) == pytest.approx(768 * 3072 / (720 * 2880))
+    # FlashInfer on Blackwell: both to 256.
+    assert ratio("B200", "0.33.0") == pytest.approx(3072**2 / 2880**2)
+    # Hopper on torch 2.8.0 (0.10.2-0.11.0): the Triton kernels unswizzled, no padding.
+    assert ratio("H100", "0.11.0") == 1.0
+    # A 16-bit MoE is held as it is stored.
+    assert mxfp4_expert_ratio(
+        load_spec("Qwen/Qwen3-30B-A3B"), gpu=find_gpu("A100"),
+        version=CURRENT_VLLM, expert_slices=1,
+    ) == 1.0  # fmt: skip

@@ -55,6 +55,7 @@ from oominfer.memory.profile import (
 )
 from oominfer.memory.transformers import transformers_breakdown
 from oominfer.memory.weights import (
+    mxfp4_expert_ratio,
     pp_layer_ranges,
     resolve_dtype,
     stage_expert_bytes,
@@ -209,6 +210,15 @@ def estimate(
             extra, speculative_graph_bytes=graphs_of(proposer.layers, proposer.hidden_size)
         )
     expert_stages = stage_expert_bytes(spec, dtype=dtype, quantization=s.quantization, pp=pp)
+    if device == "cuda":
+        # MXFP4 MoE kernels hold the experts padded (memory/weights.py mxfp4_expert_ratio).
+        ratio = mxfp4_expert_ratio(
+            spec, gpu=gpu, version=version,
+            expert_slices=1 if s.enable_expert_parallel else tp * s.data_parallel_size,
+        )  # fmt: skip
+        grown = [int(e * (ratio - 1)) for e in expert_stages]
+        stages = [w + g for w, g in zip(stages, grown, strict=True)]
+        expert_stages = [e + g for e, g in zip(expert_stages, grown, strict=True)]
     block = block_size(spec, gpu, device=device, kv_cache_dtype=s.kv_cache_dtype)
     blocks_of_state = state_blocks(state_blocks_per_request(spec, gpu, version), s)
     seen: dict[tuple[int, tuple[str, ...]], MemoryBreakdown] = {}

@@ -9,6 +9,7 @@ from oominfer.hardware.gpu import GpuSpec
 from oominfer.memory.dtypes import dtype_bytes
 from oominfer.model.spec import ModelSpec, QuantSpec
 from oominfer.rules.dtypes import compute_dtype
+from oominfer.rules.versions import EngineVersion
 
 # vLLM pads the vocabulary of the embedding and LM head to a multiple of 64
 # (vocab_parallel_embedding.py DEFAULT_VOCAB_PADDING_SIZE).
@@ -152,3 +153,50 @@ def stage_expert_bytes(
         int(sum(experts[i] for i in stage) * quant)
         for stage in pp_layer_ranges(spec.num_layers, pp)
     ]
+
+
+def _up(n: int, to: int) -> int:
+    return -(-n // to) * to
+
+
+def mxfp4_expert_ratio(
+    spec: ModelSpec, *, gpu: GpuSpec, version: EngineVersion, expert_slices: int
+) -> float:
+    """How much more memory vLLM holds an MXFP4 checkpoint's experts in than the checkpoint
+    (1.0 for every other format): its MoE kernels pad the expert matrices.
+
+    model_executor/layers/quantization/mxfp4.py ``Mxfp4MoEMethod.create_weights`` pads the
+    intermediate size per rank (``expert_slices`` ranks slice each expert: tensor x data
+    parallel, or 1 under expert parallelism) and the hidden size by backend:
+
+    - Marlin (GPUs below Hopper, Blackwell's consumer parts, Hopper before 0.10.2): the
+      intermediate to a multiple of 128, the hidden to 256;
+    - FlashInfer on Blackwell (compute capability 10.x): both to 256;
+    - Triton on Hopper: the intermediate to 64; from 0.11.1 the kernels' swizzled layout
+      (triton_kernels ``HopperMXValueLayout``) then pads each matrix's contraction side to
+      128 and its output side to 256.
+
+    gpt-oss-120b on one H100 ("Model loading took"): 65.97 GiB with Marlin (vLLM 0.10.1,
+    vllm issue #23278), 64.38 GiB with the swizzled Triton layout (0.14.1, #33155), where its
+    checkpoint holds 60.7 GiB.
+    """
+    fmt = spec.quantization
+    if fmt is None or fmt.method != "mxfp4" or not spec.is_moe:
+        return 1.0
+    hidden = spec.hidden_size
+    inter = max(spec.moe_intermediate_size // expert_slices, 1)
+    cc = gpu.compute_capability
+    if (10, 0) <= cc < (11, 0):
+        h, i = _up(hidden, 256), _up(inter, 256)
+        padded = 3 * h * i
+    elif cc == (9, 0) and version.hopper_mxfp4 != "marlin":
+        i = _up(inter, 64)
+        if version.hopper_mxfp4 == "triton":
+            padded = 3 * hidden * i
+        else:
+            # gate_up: contraction hidden, output 2 x inter; down: contraction inter.
+            padded = _up(hidden, 128) * _up(2 * i, 256) + _up(i, 128) * _up(hidden, 256)
+    else:
+        h, i = _up(hidden, 256), _up(inter, 128)
+        padded = 3 * h * i
+    return padded / (3 * hidden * inter)

@@ -39,6 +39,11 @@ class EngineVersion:
     always_chunked_prefill: bool
     """V1 always chunks prefill; V0 did only past 32k tokens of context, and otherwise
     profiled a forward pass over max(max_model_len, max_num_batched_tokens) tokens."""
+    hopper_mxfp4: str = "triton_swizzled"
+    """How MXFP4 MoE experts run on Hopper (model_executor/layers/quantization/mxfp4.py
+    ``get_mxfp4_backend``): "marlin" before 0.10.2 (the Triton kernels need torch 2.8),
+    "triton" in 0.10.2-0.11.0 (torch 2.8.0: unswizzled, "Mxfp4 on hopper is running on
+    torch < 2.8.1"), "triton_swizzled" from 0.11.1 (torch 2.9)."""
     sampler_warmup_pass: bool = False
     """0.33: the V2 runner's profiling runs the sampler a second time with full sampling
     parameters, copying the logits to fp32 (v1/worker/gpu/model_runner.py
@@ -67,7 +72,10 @@ class EngineVersion:
             )
         # "V0 engine", "(V0)"; not the "v0.10.0" of a version number.
         v1 = release >= (0, 8) and not re.search(r"\bv0\b(?!\.)", version.lower())
+        patch = re.search(rf"(?<![\d.]){release[0]}\.{release[1]}\.(\d+)", version)
+        full = (*release, int(patch.group(1)) if patch else 0)
         return cls(
+            hopper_mxfp4=_hopper_mxfp4(full),
             release=release,
             v1=v1,
             graphs_in_budget=release >= (0, 20),
@@ -125,6 +133,13 @@ class EngineVersion:
         if self.release == (0, 11):
             return 12
         return 34
+
+
+def _hopper_mxfp4(release: tuple[int, int, int]) -> str:
+    """``EngineVersion.hopper_mxfp4`` of a (major, minor, patch) release."""
+    if release < (0, 10, 2):
+        return "marlin"
+    return "triton" if release < (0, 11, 1) else "triton_swizzled"
 
 
 CURRENT_VLLM: Final = EngineVersion.parse("0.32.0")
