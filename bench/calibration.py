@@ -56,6 +56,11 @@ SAME_ARCHITECTURE: dict[str, str] = {
     "Qwen/Qwen2-7B-Instruct": "Qwen/Qwen2.5-7B-Instruct",
     # A DPO fine-tune of Llama-3.1-8B (8,030,261,248 parameters: one token added).
     "Llama-3.1-8B fine-tune": "meta-llama/Llama-3.1-8B",
+    # Mistral-Small-3.2 is an update of 3.1's weights in the same Mistral3 architecture (40
+    # x 5120 text layers, Pixtral tower of 24 x 1024, vocab 131072).
+    "mistralai/Mistral-Small-3.2-24B-Instruct-2506": (
+        "mistralai/Mistral-Small-3.1-24B-Instruct-2503"
+    ),
     # Qwen3-Next-80B-A3B's Instruct and Thinking checkpoints share every shape (48 hybrid
     # layers x 2048, 512 experts, vocab 151936) and the BF16 format.
     "Qwen3-Next-80B-A3B (variant not named": "Qwen/Qwen3-Next-80B-A3B-Thinking",
