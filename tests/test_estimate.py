@@ -490,6 +490,18 @@ def test_mxfp4_experts_as_the_kernels_hold_them(release: str, logged_gib: float)
     assert abs(b.weights_bytes / GiB / logged_gib - 1) <= 0.01, b.weights_bytes / GiB
 
 
+def test_mxfp4_on_ampere_with_marlin() -> None:
+    """gpt-oss-20b on an A100 80GB, vLLM 0.19.0, --max-model-len 131072
+    --gpu-memory-utilization 0.65 (myoceane.fr, "vLLM A100 Gemma 4"): "Model loading took
+    13.72 GiB", "Available KV cache memory: 36.56 GiB". Marlin pads the experts by 9%."""
+    spec = load_spec("openai/gpt-oss-20b")
+    settings = EngineSettings(max_model_len=131072, gpu_memory_utilization=0.65)
+    b = estimate(spec, hardware=Hardware.from_gpu("A100-80GB"), settings=settings,
+                 version=EngineVersion.parse("0.19.0"))  # fmt: skip
+    assert abs(b.weights_bytes / GiB / 13.72 - 1) <= 0.01, b.weights_bytes / GiB
+    assert abs(b.kv_cache_bytes / GiB / 36.56 - 1) <= 0.03, b.kv_cache_bytes / GiB
+
+
 def test_mxfp4_padding_by_backend() -> None:
     spec = load_spec("openai/gpt-oss-120b")
 
