@@ -522,3 +522,49 @@ def test_mxfp4_padding_by_backend() -> None:
         load_spec("Qwen/Qwen3-30B-A3B"), gpu=find_gpu("A100"),
         version=CURRENT_VLLM, expert_slices=1,
     ) == 1.0  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("model", "gpu", "release", "flags", "logged_gib"),
+    [
+        # A public server log: Qwen3-Next-80B-A3B-Instruct (BF16) at TP2 on H200s, vLLM
+        # 0.10.2's defaults: 67 PIECEWISE + 67 FULL graphs, "took 2.37 GiB".
+        ("Qwen/Qwen3-Next-80B-A3B-Thinking", "H200", "0.10.2",
+         {"tensor_parallel_size": 2}, 2.37),
+        # n03 of the calibration logs: its W4A16 quantization at TP2 on L40S, 0.13, 8 seqs.
+        ("Qwen/Qwen3-Next-80B-A3B-Thinking", "L40S", "0.13.0",
+         {"tensor_parallel_size": 2, "max_num_seqs": 8, "max_model_len": 32768}, 0.79),
+        # c20: Qwen3.6-27B (NVFP4 there), 0.23, 8 seqs: 5 PIECEWISE + 4 FULL graphs.
+        ("Lorbus/Qwen3.6-27B-int4-AutoRound", "H100", "0.23.1",
+         {"max_num_seqs": 8, "max_num_batched_tokens": 65536, "max_model_len": 262144}, 0.62),
+    ],
+)  # fmt: skip
+def test_graphs_of_models_with_recurrent_layers(
+    model: str, gpu: str, release: str, flags: dict[str, Any], logged_gib: float
+) -> None:
+    """Gated-DeltaNet hybrids capture FULL decode graphs from 0.10.2 that hold as much per
+    layer as the PIECEWISE ones, plus a fixed part (memory/profile.py): within 0.25 GiB of
+    each log, where the per-layer bytes alone gave 0.96, 0.07 and 0.10 GiB."""
+    hw = Hardware.from_gpu(gpu, flags.get("tensor_parallel_size", 1))
+    b = estimate(load_spec(model), hardware=hw, settings=EngineSettings(**flags),
+                 version=EngineVersion.parse(release))  # fmt: skip
+    assert abs(b.cuda_graph_bytes / GiB - logged_gib) <= 0.25, b.cuda_graph_bytes / GiB
+
+
+def test_full_graphs_of_hybrids_start_in_0_10_2() -> None:
+    spec = load_spec("Qwen/Qwen3-Next-80B-A3B-Thinking")
+    hw = Hardware.from_gpu("H200", 2)
+    s = EngineSettings(tensor_parallel_size=2, max_model_len=32768)
+
+    def graphs(release: str) -> float:
+        return estimate(
+            spec, hardware=hw, settings=s, version=EngineVersion.parse(release)
+        ).cuda_graph_bytes
+
+    # 0.10.1 captured PIECEWISE graphs only; 0.10.2 adds 67 FULL ones of the same size.
+    assert graphs("0.10.2") - graphs("0.10.1") == pytest.approx(48 * 67 * 313 * 1024, rel=0.01)
+    # A dense model's FULL graphs stay cheap.
+    dense = estimate(load_spec("Qwen/Qwen3-8B"), hardware=Hardware.from_gpu("H200"),
+                     settings=EngineSettings(max_model_len=32768),
+                     version=EngineVersion.parse("0.10.2"))  # fmt: skip
+    assert dense.cuda_graph_bytes < 1 * GiB

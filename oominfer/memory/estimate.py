@@ -189,7 +189,7 @@ def estimate(
     # the stage with the fewest blocks decides.
     largest = max_capture_size(gpu, spec)
 
-    def graphs_of(layers: int, hidden_size: int) -> int:
+    def graphs_of(layers: int, hidden_size: int, recurrent: bool = False) -> int:
         """CUDA-graph memory of ``layers`` captured at this plan's sizes (none when eager);
         a draft's graphs are captured at the same sizes as the target's."""
         if device != "cuda" or s.enforce_eager:
@@ -203,6 +203,7 @@ def estimate(
             max_num_batched_tokens=batched,
             largest=largest,
             version=version,
+            recurrent=recurrent,
         )
 
     if proposer is not None:
@@ -227,7 +228,7 @@ def estimate(
         key = (stage_bytes, kinds)
         if key in seen:
             continue
-        graphs = graphs_of(len(layers), spec.hidden_size)
+        graphs = graphs_of(len(layers), spec.hidden_size, recurrent=spec.state_layers > 0)
         experts, per_gpu = expert_share(spec, s, expert_stages[index])
         if s.data_parallel_size > 1 or s.enable_expert_parallel:
             stage_bytes = (stage_bytes - expert_stages[index]) + experts * tp

@@ -40,6 +40,16 @@ GRAPH_BYTES_PER_LAYER_FULL: Final = 19 * KiB
 GRAPH_BYTES_PER_LAYER_NCCL: Final = 201 * KiB
 GRAPH_BYTES_PER_LAYER_AND_HIDDEN_EARLY_V1: Final = 244
 GRAPH_BYTES_PER_LAYER_V0: Final = 182 * KiB
+# Models with recurrent-state layers (Gated DeltaNet, Mamba) run those layers inside their
+# FULL decode graphs (PIECEWISE graphs leave them to run eagerly, between the pieces, as
+# attention is): there a FULL graph holds as much per layer as a PIECEWISE one, and the
+# capture takes a fixed part besides. Set by hand on the three logs of such models that
+# print the capture (none replays in bench/calibration.py, whose catalog lacks their
+# checkpoints): Qwen3-Next-80B-A3B at TP2 on H200s, 67 + 67 graphs, 2.37 GiB (vLLM 0.10.2,
+# a public server log); its W4A16 quantization at TP2 on L40S, 5 + 4 graphs, 0.79 GiB (n03,
+# 0.13); Qwen3.6-27B, 5 + 4 graphs, 0.62 GiB (c20, 0.23). The bytes per layer alone gave
+# 0.96, 0.07 and 0.10 GiB.
+GRAPH_BYTES_RECURRENT_FIXED: Final = 512 * MiB
 
 
 def graph_era(version: EngineVersion) -> str:
@@ -66,16 +76,23 @@ def cuda_graph_bytes(
     max_num_batched_tokens: int,
     largest: int,
     version: EngineVersion,
+    recurrent: bool = False,
 ) -> int:
     """Memory CUDA-graph capture takes per GPU (what "Graph capturing finished ... took"
-    prints), whether or not the release reserves it before sizing the KV cache."""
-    piecewise, full = graph_counts(version, max_num_seqs, max_num_batched_tokens, largest=largest)
+    prints), whether or not the release reserves it before sizing the KV cache.
+    ``recurrent``: the model has recurrent-state layers (GRAPH_BYTES_RECURRENT_FIXED)."""
+    piecewise, full = graph_counts(
+        version, max_num_seqs, max_num_batched_tokens, largest=largest, recurrent=recurrent
+    )
     per_piece = {
         "V0": GRAPH_BYTES_PER_LAYER_V0,
         "EARLY_V1": GRAPH_BYTES_PER_LAYER_AND_HIDDEN_EARLY_V1 * hidden_size,
         "PIECEWISE": GRAPH_BYTES_PER_LAYER_PIECEWISE,
     }[graph_era(version)]
-    total = layers * (per_piece * piecewise + GRAPH_BYTES_PER_LAYER_FULL * full)
+    per_full = per_piece if recurrent else GRAPH_BYTES_PER_LAYER_FULL
+    total = layers * (per_piece * piecewise + per_full * full)
+    if recurrent and version.v1:
+        total += GRAPH_BYTES_RECURRENT_FIXED
     if tp > 2 and pcie_only(gpu):
         total += layers * GRAPH_BYTES_PER_LAYER_NCCL * (piecewise + full)
     return total

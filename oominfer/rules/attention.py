@@ -108,7 +108,12 @@ def _old_list(top: int) -> list[int]:
 
 
 def graph_counts(
-    version: EngineVersion, max_num_seqs: int, max_num_batched_tokens: int, *, largest: int = 512
+    version: EngineVersion,
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+    *,
+    largest: int = 512,
+    recurrent: bool = False,
 ) -> tuple[int, int]:
     """(PIECEWISE, FULL) graphs vLLM captures, per its release's graph mode.
 
@@ -119,7 +124,9 @@ def graph_counts(
     - V0: one graph per size of [1, 2, 4, 8, ..., 256] up to max_num_seqs, no FULL kind.
     - 0.8-0.11: PIECEWISE graphs for [1, 2, 4, 8, 16, ..., 512] (67 sizes) whatever
       max_num_seqs is (capped only by max_num_batched_tokens); from 0.11 (FULL_AND_PIECEWISE
-      by default) FULL decode graphs for those sizes up to max_num_seqs too.
+      by default) FULL decode graphs for those sizes up to max_num_seqs too, and from
+      0.10.2 for models with recurrent-state layers (``recurrent``;
+      ``EngineVersion.hybrid_full_graphs``).
     - 0.12+: the list of ``capture_sizes`` up to min(2 x max_num_seqs, largest,
       max_num_batched_tokens) as PIECEWISE, and its sizes up to max_num_seqs as FULL.
     """
@@ -127,7 +134,8 @@ def graph_counts(
         return len([s for s in _old_list(V0_CAPTURE_LIMIT) if s <= max_num_seqs]), 0
     if version.release < (0, 12):
         piecewise = len(_old_list(min(largest, max_num_batched_tokens)))
-        full = len(_old_list(min(largest, max_num_seqs))) if version.release >= (0, 11) else 0
+        with_full = version.release >= (0, 11) or (recurrent and version.hybrid_full_graphs)
+        full = len(_old_list(min(largest, max_num_seqs))) if with_full else 0
         return piecewise, full
     sizes = capture_size_list(max_num_seqs, max_num_batched_tokens, largest=largest)
     return len(sizes), len([s for s in sizes if s <= max_num_seqs])

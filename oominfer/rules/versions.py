@@ -44,6 +44,10 @@ class EngineVersion:
     ``get_mxfp4_backend``): "marlin" before 0.10.2 (the Triton kernels need torch 2.8),
     "triton" in 0.10.2-0.11.0 (torch 2.8.0: unswizzled, "Mxfp4 on hopper is running on
     torch < 2.8.1"), "triton_swizzled" from 0.11.1 (torch 2.9)."""
+    hybrid_full_graphs: bool = True
+    """Models with recurrent-state layers (Mamba, Gated DeltaNet) capture FULL decode graphs
+    besides the PIECEWISE ones from 0.10.2 (PR #22594, "Enable Full CUDA graph by default
+    for hybrid models"), a release before every other model (0.11, PR #25444)."""
     sampler_warmup_pass: bool = False
     """0.33: the V2 runner's profiling runs the sampler a second time with full sampling
     parameters, copying the logits to fp32 (v1/worker/gpu/model_runner.py
@@ -76,6 +80,7 @@ class EngineVersion:
         full = (*release, int(patch.group(1)) if patch else 0)
         return cls(
             hopper_mxfp4=_hopper_mxfp4(full),
+            hybrid_full_graphs=v1 and full >= (0, 10, 2),
             release=release,
             v1=v1,
             graphs_in_budget=release >= (0, 20),
