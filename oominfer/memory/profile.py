@@ -42,8 +42,8 @@ GRAPH_BYTES_PER_LAYER_AND_HIDDEN_EARLY_V1: Final = 244
 GRAPH_BYTES_PER_LAYER_V0: Final = 182 * KiB
 # Models with recurrent-state layers (Gated DeltaNet, Mamba) run those layers inside their
 # FULL decode graphs (PIECEWISE graphs leave them to run eagerly, between the pieces, as
-# attention is): there a FULL graph holds as much per layer as a PIECEWISE one, and the
-# capture takes a fixed part besides. Set by hand on the three logs of such models that
+# attention is): there a FULL graph holds as much per layer as a PIECEWISE one, and
+# capturing them takes a fixed part besides. Set by hand on the three logs of such models that
 # print the capture (none replays in bench/calibration.py, whose catalog lacks their
 # checkpoints): Qwen3-Next-80B-A3B at TP2 on H200s, 67 + 67 graphs, 2.37 GiB (vLLM 0.10.2,
 # a public server log); its W4A16 quantization at TP2 on L40S, 5 + 4 graphs, 0.79 GiB (n03,
@@ -91,7 +91,7 @@ def cuda_graph_bytes(
     }[graph_era(version)]
     per_full = per_piece if recurrent else GRAPH_BYTES_PER_LAYER_FULL
     total = layers * (per_piece * piecewise + per_full * full)
-    if recurrent and version.v1:
+    if recurrent and full:
         total += GRAPH_BYTES_RECURRENT_FIXED
     if tp > 2 and pcie_only(gpu):
         total += layers * GRAPH_BYTES_PER_LAYER_NCCL * (piecewise + full)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Literal
 
 from oominfer.base.errors import InvalidSettingError
 
@@ -19,6 +19,9 @@ def release_of(version: str) -> tuple[int, int] | None:
     where it names none (``not installed``, another engine's version)."""
     m = re.search(r"(?<![\d.])(\d)\.(\d+)", version)
     return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+HopperMxfp4 = Literal["marlin", "triton", "triton_swizzled"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -39,7 +42,7 @@ class EngineVersion:
     always_chunked_prefill: bool
     """V1 always chunks prefill; V0 did only past 32k tokens of context, and otherwise
     profiled a forward pass over max(max_model_len, max_num_batched_tokens) tokens."""
-    hopper_mxfp4: str = "triton_swizzled"
+    hopper_mxfp4: HopperMxfp4 = "triton_swizzled"
     """How MXFP4 MoE experts run on Hopper (model_executor/layers/quantization/mxfp4.py
     ``get_mxfp4_backend``): "marlin" before 0.10.2 (the Triton kernels need torch 2.8),
     "triton" in 0.10.2-0.11.0 (torch 2.8.0: unswizzled, "Mxfp4 on hopper is running on
@@ -140,7 +143,7 @@ class EngineVersion:
         return 34
 
 
-def _hopper_mxfp4(release: tuple[int, int, int]) -> str:
+def _hopper_mxfp4(release: tuple[int, int, int]) -> HopperMxfp4:
     """``EngineVersion.hopper_mxfp4`` of a (major, minor, patch) release."""
     if release < (0, 10, 2):
         return "marlin"
