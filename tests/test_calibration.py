@@ -59,7 +59,7 @@ def test_kv_cache_bytes_within_two_percent_on_v1(
     replayed: tuple[list[dict[str, Any]], dict[str, Any]],
 ) -> None:
     _, s = replayed
-    assert s["kv_v1_median"] <= 0.02, s["kv_v1_median"]  # today 1.5%
+    assert s["kv_v1_median"] <= 0.02, s["kv_v1_median"]  # today 1.7%
     assert s["kv_all_median"] <= 0.03, s["kv_all_median"]  # today 2.3%, V0-era points too
 
 
