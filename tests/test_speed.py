@@ -49,7 +49,8 @@ TODAY: dict[str, dict[str, float]] = {
     # decoding at once (KubeAI's manifest for this model: --max-num-seqs 16), which the
     # point does not state, so the default 256 is replayed.
     "t11": {"output_tokens_per_s": 2.949, "tpot_s": 2.021},
-    "t12": {"output_tokens_per_s": 1.904},
+    # The A10G's tensor cores at half the A10's rate (70 TFLOPS; 1.904 at the A10's 125).
+    "t12": {"output_tokens_per_s": 1.157},
     "t15": {"output_tokens_per_s": 0.945},
     "t16": {"output_tokens_per_s": 0.917},
     "t17": {"output_tokens_per_s": 1.457},
@@ -90,12 +91,13 @@ def test_each_published_point_stays_where_it_is(
 def test_the_medians_meet_the_target(replayed: dict[str, dict[str, Any]]) -> None:
     bench = load_script("bench/speed.py")
     s = bench.summary(list(replayed.values()))
-    # The issue's target: within 25% median; today 17.1% and 16.1% (vLLM points that their
+    # The issue's target: within 25% median; today 16.3% and 16.1% (vLLM points that their
     # source does not flag as anomalous).
     assert s["output_tokens_per_s"]["median_abs_error"] <= 0.25
     assert s["tpot_s"]["median_abs_error"] <= 0.25
     # None past 2x: not met, by one point (t11: 2.02x TPOT, 2.95x tokens/s; see TODAY);
-    # every other point is within 2x (1.90x at worst, t12's tokens/s).
+    # every other point is within 2x: at worst 1.46x in tokens/s (t17) and 1.79x in TPOT
+    # (t31, predicted below the measured).
     assert s["tpot_s"]["worst_factor"] <= 2.05
     assert s["output_tokens_per_s"]["worst_factor"] <= 3.0
     rest = bench.summary([r for r in replayed.values() if r["id"] != "t11"])
