@@ -203,6 +203,19 @@ def test_too_long_context_suggests_a_length() -> None:
 # ------------------------------------------------------------------------- other commands
 
 
+def test_a_parallel_flag_without_gpus_means_that_many() -> None:
+    """-tp 2 with --gpu and no --gpus: two of them, as the operator means; a count given
+    that is too small is still refused, saying which flag to change."""
+    result = invoke("estimate", LLAMA_8B, "--gpu", "L4", "-tp", "2", "--max-model-len", "8192")
+    assert result.exit_code == 0, result.output
+    assert "2 x L4" in result.stdout
+    short = invoke(
+        "estimate", LLAMA_8B, "--gpu", "L4", "--gpus", "1", "-tp", "2", "--max-model-len", "8192"
+    )
+    assert short.exit_code != 0
+    assert "Pass --gpus 2" in short.output
+
+
 def test_gpus_lists_the_catalog() -> None:
     result = invoke("gpus")
     assert result.exit_code == 0, result.output

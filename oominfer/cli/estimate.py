@@ -79,6 +79,10 @@ def estimate(model: str, revision: str | None, as_json: bool, **opts: Any) -> No
     settings = build_settings(opts)
     check_useful_context(settings.max_model_len, flag("max_model_len"))
     hardware = build_hardware(opts)
+    if opts.get("gpus") is None and (opts.get("gpu") or opts.get("gpu_memory")):
+        # A GPU kind named without a count: as many as the parallel flags split the model
+        # over (-tp 4 means four of them).
+        hardware = dataclasses.replace(hardware, count=max(hardware.count, settings.world_size))
     spec = load_model(model, revision=revision)
     check_weights(model, spec, loads=False)
     from oominfer.planning.context import engine_release

@@ -210,7 +210,11 @@ hardware_options = _compose(
         "--gpu", metavar="NAME",
         help="GPU kind (see `oominfer gpus`); default: the detected GPU, else L4.",
     ),
-    click.option("--gpus", type=POSITIVE, help="GPUs of this kind (default: 1, or all detected)."),
+    click.option(
+        "--gpus", type=POSITIVE,
+        help="GPUs of this kind (default: 1, or all detected; on estimate with --gpu, as many "
+        "as -tp x -pp x -dp use).",
+    ),
     click.option(
         "--gpu-memory", metavar="SIZE", help="GPU memory for a GPU not in the catalog, e.g. 24GiB."
     ),
