@@ -184,7 +184,7 @@ ROWS: dict[str, Bad] = {
         ("1.5g",),
     ),
     "estimate-tp-above-gpus": Bad(
-        E(LLAMA_8B, "--gpu", "L4", "-tp", "2"), 2, "invalid_setting", ("--gpus 2",)
+        E(LLAMA_8B, "--gpu", "L4", "--gpus", "1", "-tp", "2"), 2, "invalid_setting", ("--gpus 2",)
     ),
     "estimate-pp-above-layers": Bad(
         E(LLAMA_8B, "--gpu", "L4", "--gpus", "64", "-pp", "64"),
