@@ -309,6 +309,14 @@ def encoder_forward_bytes(spec: ModelSpec, *, dtype: str, items: int, tp: int) -
     return patches * (per_patch + tower.patch_elements * 4)
 
 
+def expert_slices(s: EngineSettings) -> int:
+    """Ranks each routed expert is sliced over: vLLM's FusedMoE spans tensor x data parallel
+    ranks, and ``--enable-expert-parallel`` keeps every expert whole on one (1)."""
+    if s.enable_expert_parallel:
+        return 1
+    return s.tensor_parallel_size * s.data_parallel_size
+
+
 def expert_share(spec: ModelSpec, s: EngineSettings, stage_expert_bytes: int) -> tuple[int, int]:
     """Routed-expert bytes on one GPU, and whole experts per GPU (0 when sliced).
 
@@ -317,12 +325,11 @@ def expert_share(spec: ModelSpec, s: EngineSettings, stage_expert_bytes: int) ->
     ``--enable-expert-parallel`` each expert is sliced over all of them; with it each rank
     holds whole experts, ``ceil(experts / ranks)`` on the first ones (``determine_expert_map``).
     """
-    ranks = s.tensor_parallel_size * s.data_parallel_size
     if not spec.is_moe:
         return 0, 0
     if not s.enable_expert_parallel:
-        return stage_expert_bytes // ranks, 0
-    per_gpu = math.ceil(spec.num_experts / ranks)
+        return stage_expert_bytes // expert_slices(s), 0
+    per_gpu = math.ceil(spec.num_experts / (s.tensor_parallel_size * s.data_parallel_size))
     return stage_expert_bytes * per_gpu // spec.num_experts, per_gpu
 
 

@@ -29,6 +29,7 @@ from oominfer.memory.additions import (
     encoder_forward_bytes,
     encoder_items,
     expert_share,
+    expert_slices,
     lora_cpu_cache_bytes,
     lora_slot_bytes,
     multimodal_bytes,
@@ -213,10 +214,7 @@ def estimate(
     expert_stages = stage_expert_bytes(spec, dtype=dtype, quantization=s.quantization, pp=pp)
     if device == "cuda":
         # MXFP4 MoE kernels hold the experts padded (memory/weights.py mxfp4_expert_ratio).
-        ratio = mxfp4_expert_ratio(
-            spec, gpu=gpu, version=version,
-            expert_slices=1 if s.enable_expert_parallel else tp * s.data_parallel_size,
-        )  # fmt: skip
+        ratio = mxfp4_expert_ratio(spec, gpu=gpu, version=version, expert_slices=expert_slices(s))
         grown = [int(e * (ratio - 1)) for e in expert_stages]
         stages = [w + g for w, g in zip(stages, grown, strict=True)]
         expert_stages = [e + g for e, g in zip(expert_stages, grown, strict=True)]

