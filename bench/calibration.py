@@ -142,6 +142,7 @@ def _gpu(point: dict[str, Any]) -> GpuSpec | None:
             memory_bytes=int(total * GiB),
             cuda_total_bytes=int(total * GiB),
             compute_capability=cc,
+            interconnect=named.interconnect if named else "pcie",
         )
     return named
 
@@ -195,7 +196,8 @@ def inputs(
         enable_prefix_caching=point.get("enable_prefix_caching"),
     )
     gpu = _gpu(point)
-    hw = Hardware(gpu=gpu or find_gpu("A100-SXM-80GB"), count=max(tp, point.get("num_gpus") or 1))
+    # A GPU the point does not name stands in as an 80 GB A100 on PCIe: no NVLink is assumed.
+    hw = Hardware(gpu=gpu or find_gpu("A100-PCIE-80GB"), count=max(tp, point.get("num_gpus") or 1))
     spec = load_spec(model_id)
     changes = _named(CONFIG_DIFFERENCES, point.get("model_id"))
     if changes:

@@ -570,3 +570,45 @@ def test_full_graphs_of_hybrids_start_in_0_10_2() -> None:
                      settings=EngineSettings(max_model_len=32768),
                      version=EngineVersion.parse("0.10.2"))  # fmt: skip
     assert dense.cuda_graph_bytes < 1 * GiB
+
+
+@pytest.mark.parametrize(
+    ("gpu", "tp", "printed_gib"),
+    [
+        # Public startup logs that print vLLM's non-torch memory at TP >= 2.
+        ("A100-SXM-40GB", 8, 2.10),  # 0.7.1, a p4d.24xlarge
+        ("H100-SXM-80GB", 4, 1.84),  # 0.10.2, c21 of the calibration logs
+        ("H200", 2, 1.38),  # 0.10.2, Qwen3-Next-80B-A3B (the server log above)
+        ("B200", 4, 0.95),  # 2026, GLM NVFP4 with expert parallelism
+        ("L40S", 2, 0.30),  # V0, vllm issue #15815
+        ("L40S", 8, 0.21),  # 0.10.2, custom all-reduce off past two PCIe GPUs
+        ("RTX-4090", 2, 0.25),  # V0, vllm issue #13061
+    ],
+)
+def test_non_torch_memory_of_tensor_parallelism_follows_the_interconnect(
+    gpu: str, tp: int, printed_gib: float
+) -> None:
+    """NCCL's buffers over NVLink (tens of channels) outweigh those over PCIe: the term is the
+    median of the NVLink logs, within 0.7 GiB of each; the PCIe term within 0.45 GiB (it also
+    carries the persistent buffers vLLM prints under no heading, as on one GPU)."""
+    b = estimate(
+        load_spec("Qwen/Qwen3-8B"),
+        hardware=Hardware.from_gpu(gpu, tp),
+        settings=EngineSettings(tensor_parallel_size=tp, max_model_len=8192),
+        version=EngineVersion.parse("0.10.2"),
+    )
+    nvlink = find_gpu(gpu).interconnect == "nvlink"
+    assert abs(b.non_torch_bytes / GiB - printed_gib) <= (0.7 if nvlink else 0.45)
+
+
+def test_kv_cache_of_a_tensor_parallel_nvlink_log() -> None:
+    """Qwen3-Next-80B-A3B at TP2 on H200s, vLLM 0.10.2's defaults (the server log above):
+    "Available KV cache memory: 44.59 GiB", after 1.38 GiB of non-torch memory. With PCIe's
+    0.59 GiB the estimate was 45.88 GiB (+2.9%)."""
+    b = estimate(
+        load_spec("Qwen/Qwen3-Next-80B-A3B-Thinking"),
+        hardware=Hardware.from_gpu("H200", 2),
+        settings=EngineSettings(tensor_parallel_size=2, gpu_memory_utilization=0.9),
+        version=EngineVersion.parse("0.10.2"),
+    )
+    assert b.kv_cache_bytes / GiB == pytest.approx(44.59, rel=0.02)

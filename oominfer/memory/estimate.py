@@ -46,10 +46,9 @@ from oominfer.memory.kv import (
 )
 from oominfer.memory.profile import (
     CPU_RUNTIME_BYTES,
-    NON_TORCH_BYTES,
-    NON_TORCH_TP_BYTES,
     activation_bytes,
     cuda_graph_bytes,
+    non_torch_bytes,
     post_capture_short,
     sampler_bytes,
     vllm_defaults,
@@ -181,10 +180,7 @@ def estimate(
         activation += triton_mla_workspace_bytes(
             spec, gpu, max_num_seqs=seqs, max_model_len=max_len, tp=tp
         )
-    if device == "cpu":
-        non_torch = CPU_RUNTIME_BYTES
-    else:
-        non_torch = NON_TORCH_BYTES + (NON_TORCH_TP_BYTES if tp > 1 else 0)
+    non_torch = CPU_RUNTIME_BYTES if device == "cpu" else non_torch_bytes(gpu, tp)
     # Each pipeline stage profiles and sizes its own cache; vLLM then gives every stage the
     # smallest block count among them (v1/core/kv_cache_utils.py get_kv_cache_configs), so
     # the stage with the fewest blocks decides.

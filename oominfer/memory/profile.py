@@ -17,6 +17,23 @@ from oominfer.rules.versions import EngineVersion
 # NCCL and custom all-reduce buffers too. Fitted on calibration/ (bench/calibration.py).
 NON_TORCH_BYTES: Final = 200 * MiB
 NON_TORCH_TP_BYTES: Final = 400 * MiB
+# Over NVLink / NVSwitch NCCL opens many more channels than over PCIe (tens against two to
+# four), each with its own per-protocol buffers on the GPU, and vLLM's custom all-reduce maps
+# its IPC buffers: the non-torch memory vLLM prints at TP >= 2 is 0.17-0.30 GiB on PCIe
+# cards (4090, L40S, 3090; TP 2-16) but 0.95-2.10 GiB on NVLink ones. The term is set so the
+# total is the median of the four single-node NVLink logs found (A100-SXM4 TP8 0.7.1: 2.10;
+# H100 TP4 0.10.2, c21: 1.84; H200 TP2 0.10.2: 1.38; B200 TP4 EP, 2026: 0.95), 1.61 GiB.
+NON_TORCH_TP_NVLINK_BYTES: Final = 1434 * MiB
+
+
+def non_torch_bytes(gpu: GpuSpec, tp: int) -> int:
+    """Non-torch memory of one GPU's engine: the base, plus the communication buffers of
+    tensor parallelism, larger over NVLink than over PCIe."""
+    if tp <= 1:
+        return NON_TORCH_BYTES
+    nvlink = gpu.interconnect == "nvlink"
+    return NON_TORCH_BYTES + (NON_TORCH_TP_NVLINK_BYTES if nvlink else NON_TORCH_TP_BYTES)
+
 
 # The dummy forward over max_num_batched_tokens tokens: the residual stream and a few
 # hidden-size temporaries, the fused QKV output, and the MLP's gate/up output plus its
