@@ -111,6 +111,16 @@ def _gpu(text: str) -> GpuSpec | None:
     return None
 
 
+def _stated(point: dict[str, Any], flag: str) -> str | None:
+    """The value of a vLLM flag the point's source states for its deployment (in its quote,
+    or its notes where the source's own manifest gives it): "" for a switch, None if absent."""
+    for text in (point.get("quote") or "", point.get("notes") or ""):
+        m = re.search(rf"--{flag}(?![\w-])(?:[= ](\d+))?", text)
+        if m:
+            return m.group(1) or ""
+    return None
+
+
 def _int(value: Any) -> int | None:
     m = re.search(r"\d+", str(value)) if value is not None else None
     return int(m.group()) if m else None
@@ -217,13 +227,16 @@ def replay(point: dict[str, Any]) -> dict[str, Any]:
     quant = model[1] if model[1] not in ("awq", "gptq") else None
     if "--quantization awq" in (point.get("quantization") or ""):
         quant = "awq"  # named on the command line: vLLM's older AWQ kernel, not Marlin
+    stated_len = _int(_stated(point, "max-model-len"))
     settings = EngineSettings(
         tensor_parallel_size=tp,
         quantization=quant,  # type: ignore[arg-type]
         kv_cache_dtype="fp8" if (point.get("kv_cache_dtype") or "").startswith("fp8") else "auto",
-        max_model_len=min(max(4096, input_len + output_len), spec.max_position_embeddings),
-        max_num_seqs=point.get("max_num_seqs"),
-        enforce_eager="eager" in (point.get("quantization") or ""),
+        max_model_len=point.get("max_model_len")
+        or stated_len
+        or min(max(4096, input_len + output_len), spec.max_position_embeddings),
+        max_num_seqs=point.get("max_num_seqs") or _int(_stated(point, "max-num-seqs")),
+        enforce_eager=_stated(point, "enforce-eager") is not None,
     )
     try:
         b = estimate(

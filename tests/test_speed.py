@@ -44,11 +44,11 @@ TODAY: dict[str, dict[str, float]] = {
     "t08": {"output_tokens_per_s": 0.828, "tpot_s": 1.161},
     "t09": {"output_tokens_per_s": 1.185, "tpot_s": 0.844},
     "t10": {"output_tokens_per_s": 1.103, "tpot_s": 0.907},
-    # The vision tower counted once, in the weights (it was counted twice before): more KV,
-    # more requests at once. Its source's 285 tok/s at 54.8 ms TPOT mean about 16 requests
-    # decoding at once (KubeAI's manifest for this model: --max-num-seqs 16), which the
-    # point does not state, so the default 256 is replayed.
-    "t11": {"output_tokens_per_s": 2.949, "tpot_s": 2.021},
+    # Replayed with the deployment flags its notes give from the source's own manifest for
+    # this model on an L4 (--max-num-seqs=16 --max-model-len=8192 --enforce-eager), which
+    # its 285 tok/s at 54.8 ms TPOT (about 16 requests decoding at once) bear out; with
+    # vLLM's default 256 sequences it was 2.949 / 2.021.
+    "t11": {"output_tokens_per_s": 0.845, "tpot_s": 1.179},
     # The A10G's tensor cores at half the A10's rate (70 TFLOPS; 1.904 at the A10's 125).
     "t12": {"output_tokens_per_s": 1.157},
     "t15": {"output_tokens_per_s": 0.945},
@@ -91,18 +91,14 @@ def test_each_published_point_stays_where_it_is(
 def test_the_medians_meet_the_target(replayed: dict[str, dict[str, Any]]) -> None:
     bench = load_script("bench/speed.py")
     s = bench.summary(list(replayed.values()))
-    # The issue's target: within 25% median; today 16.3% and 16.1% (vLLM points that their
+    # The issue's target: within 25% median; today 15.5% and 15.6% (vLLM points that their
     # source does not flag as anomalous).
     assert s["output_tokens_per_s"]["median_abs_error"] <= 0.25
     assert s["tpot_s"]["median_abs_error"] <= 0.25
-    # None past 2x: not met, by one point (t11: 2.02x TPOT, 2.95x tokens/s; see TODAY);
-    # every other point is within 2x: at worst 1.46x in tokens/s (t17) and 1.79x in TPOT
-    # (t31, predicted below the measured).
-    assert s["tpot_s"]["worst_factor"] <= 2.05
-    assert s["output_tokens_per_s"]["worst_factor"] <= 3.0
-    rest = bench.summary([r for r in replayed.values() if r["id"] != "t11"])
-    assert rest["tpot_s"]["worst_factor"] <= 2.0
-    assert rest["output_tokens_per_s"]["worst_factor"] <= 2.0
+    # None past 2x: at worst 1.46x in tokens/s (t17) and 1.79x in TPOT (t31, predicted
+    # below the measured).
+    assert s["tpot_s"]["worst_factor"] <= 2.0
+    assert s["output_tokens_per_s"]["worst_factor"] <= 2.0
 
 
 @pytest.mark.skipif(not SHARED.is_file(), reason="no ../shared/calibration beside the checkout")
@@ -194,3 +190,18 @@ def test_an_open_loop_reports_its_arrivals_and_its_drain() -> None:
     over = bench.at_rate(perf_at, 100.0, 8, 200)
     assert over.concurrency == 8
     assert over.requests_per_s == pytest.approx(200 / (199 / 1.6 + 5.05))
+
+
+def test_a_point_is_replayed_with_the_flags_its_source_states() -> None:
+    """Its own fields first; then a flag its quote or notes give (switches too)."""
+    bench = load_script("bench/speed.py")
+    point = {
+        "quote": "vllm serve m --max-num-seqs 64 --enforce-eager",
+        "notes": "the manifest uses --max-model-len=8192",
+    }
+    assert bench._stated(point, "max-num-seqs") == "64"
+    assert bench._stated(point, "max-model-len") == "8192"
+    assert bench._stated(point, "enforce-eager") == ""
+    assert bench._stated(point, "max-num-batched-tokens") is None
+    # A longer flag is not read as a shorter one.
+    assert bench._stated({"quote": "--max-num-seqs-x 3"}, "max-num-seqs") is None
