@@ -430,3 +430,16 @@ def test_the_default_utilization_is_the_release_s_own() -> None:
     assert budget("--engine-version", "0.15", "--gpu-memory-utilization", "0.8")[0] == (
         math.ceil(total * 0.8)
     )
+
+
+def test_estimate_names_the_utilization_that_starts() -> None:
+    """A budget that is not free at start: DOES NOT FIT, exit 3, and the utilization that
+    is, checked by estimating it."""
+    args = ["estimate", "Qwen/Qwen3-8B", "--gpu", "H100", "-tp", "2", "--engine-version",
+            "0.33", "--gpu-memory-utilization", "0.98", "--max-model-len", "4096"]  # fmt: skip
+    result = invoke(*args)
+    assert result.exit_code == 3, result.output
+    assert "--gpu-memory-utilization 0.96" in result.output
+    doc = json.loads(invoke(*args, "--json").output)
+    assert doc["per_gpu"]["startup_short_bytes"] > 0
+    assert "--gpu-memory-utilization 0.96" in doc["ways_out"]

@@ -612,3 +612,41 @@ def test_kv_cache_of_a_tensor_parallel_nvlink_log() -> None:
         version=EngineVersion.parse("0.10.2"),
     )
     assert b.kv_cache_bytes / GiB == pytest.approx(44.59, rel=0.02)
+
+
+@pytest.mark.parametrize(
+    ("gpu", "tp", "release", "utilization", "starts"),
+    [
+        # c01: 0.96 on four NVLinked H100s, 0.20: it started (0.96 x 79.2 GiB is free beside
+        # the CUDA context and NCCL's init-time buffers).
+        ("H100", 4, "0.20.0", 0.96, True),
+        ("H100", 4, "0.20.0", 0.97, False),
+        # Before 0.11 the snapshot came before NCCL's init: only the CUDA context is held.
+        ("H100", 4, "0.10.2", 0.97, True),
+        # Over PCIe NCCL's init buffers are small.
+        ("L40S", 4, "0.20.0", 0.98, True),
+        # The whole GPU is never free: the CUDA context holds about half a GiB.
+        ("H100", 1, "0.33.0", 1.0, False),
+        ("H100", 1, "0.33.0", 0.99, True),
+        # V0 made no such check.
+        ("H100", 1, "0.6.2", 1.0, True),
+    ],
+)
+def test_vllm_refuses_a_budget_that_is_not_free_at_start(
+    gpu: str, tp: int, release: str, utilization: float, starts: bool
+) -> None:
+    """vLLM refuses to start when gpu_memory_utilization x total exceeds what its start-up
+    snapshot sees free ("Free memory on device ... on startup is less than desired GPU
+    memory utilization")."""
+    b = estimate(
+        load_spec("Qwen/Qwen3-8B"),
+        hardware=Hardware.from_gpu(gpu, tp),
+        settings=EngineSettings(
+            tensor_parallel_size=tp, gpu_memory_utilization=utilization, max_model_len=4096
+        ),
+        version=EngineVersion.parse(release),
+    )
+    assert (b.startup_short_bytes == 0) is starts
+    assert b.fits is starts
+    if not starts:
+        assert b.shortfall_bytes == b.startup_short_bytes

@@ -428,3 +428,18 @@ def test_a_plan_for_an_older_release_takes_its_default_utilization() -> None:
     check_plan(r)
     assert r.settings.gpu_memory_utilization == 0.9
     assert "gpu_memory_utilization" not in names(r)
+
+
+def test_the_planner_lowers_a_budget_that_is_not_free_at_start() -> None:
+    """Two NVLinked 16 GB V100s at 0.33: 0.92 of the GPU is more than is free beside the CUDA
+    context and NCCL's init-time buffers, so vLLM would refuse it; the plan asks for less
+    and says why."""
+    hardware = Hardware.from_gpu("V100-SXM2-16GB", 2)
+    result = plan(load_spec("Qwen/Qwen2.5-7B-Instruct"), hardware,
+                  Constraints(engine_version="0.33.0"))  # fmt: skip
+    assert result.settings.tensor_parallel_size == 2
+    assert result.settings.gpu_memory_utilization < 0.92
+    assert result.breakdown.startup_short_bytes == 0
+    assert result.breakdown.fits
+    lever = next(lv for lv in result.levers if lv.name == "gpu_memory_utilization")
+    assert "not free when vLLM starts" in lever.reason

@@ -52,6 +52,11 @@ class MemoryBreakdown:
     """A release that captures CUDA graphs after sizing the KV cache (V1 before 0.20): what
     the graph pool and the sampler's warm-up lack above the budget (memory/profile.py
     ``post_capture_short``); vLLM then fails right after capture (CUDA out of memory)."""
+    startup_short_bytes: int = 0
+    """What the budget (gpu_memory_utilization x total) exceeds the memory free at vLLM's
+    start-up snapshot by, on an empty GPU (memory/profile.py ``startup_free_bytes``): vLLM
+    then refuses to start ("Free memory on device ... is less than desired GPU memory
+    utilization")."""
     pipeline_stage: int = 0
     """The pipeline stage these figures are of: the one that holds the fewest KV blocks."""
     layout: KvLayout | None = field(default=None, compare=False, repr=False)
@@ -86,6 +91,7 @@ class MemoryBreakdown:
             and self.max_model_len_that_fits >= self.max_model_len
             and self.overcommitted_bytes <= 0
             and self.post_capture_short_bytes <= 0
+            and self.startup_short_bytes <= 0
         )
 
     @property
@@ -95,6 +101,8 @@ class MemoryBreakdown:
             return 0
         if self.overcommitted_bytes > 0:
             return self.overcommitted_bytes
+        if self.startup_short_bytes > 0:
+            return self.startup_short_bytes
         if self.kv_cache_bytes > 0 and self.max_model_len_that_fits >= self.max_model_len:
             return self.post_capture_short_bytes
         need = self.kv_bytes_per_token * self.max_model_len + self.state_bytes_per_seq

@@ -51,6 +51,7 @@ from oominfer.memory.profile import (
     non_torch_bytes,
     post_capture_short,
     sampler_bytes,
+    startup_free_bytes,
     vllm_defaults,
 )
 from oominfer.memory.transformers import transformers_breakdown
@@ -153,6 +154,9 @@ def estimate(
             tp=tp,
         )
     _check_lora_with_drafts(s, seqs=seqs, batched=batched)
+    startup_short = 0
+    if device == "cuda" and version.v1:
+        startup_short = max(0, budget - startup_free_bytes(gpu, tp, version))
     items = encoder_items(spec, s, tokens=batched, seqs=seqs, max_len=max_len)
     proposer, extra = _additions(
         spec, s, dtype=dtype, kv_elem=kv_elem, batched=batched, items=items, version=version
@@ -308,6 +312,7 @@ def estimate(
             usable_blocks=max(usable, 0),
             overcommitted_bytes=max(0, overcommitted),
             post_capture_short_bytes=after_capture,
+            startup_short_bytes=startup_short,
             pipeline_stage=index,
             layout=layout,
             additions=added,

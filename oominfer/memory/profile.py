@@ -26,6 +26,25 @@ NON_TORCH_TP_BYTES: Final = 400 * MiB
 NON_TORCH_TP_NVLINK_BYTES: Final = 1434 * MiB
 
 
+# What is not free when vLLM's worker takes its start-up snapshot on an otherwise empty GPU:
+# the CUDA context (0.45-0.60 GiB in the logs that print "Free memory on device (free/total)":
+# n14, c13, c14, c21 and the H200 TP2 server log, all 0.10.2; median 0.53 GiB), and from 0.11
+# NCCL's init-time buffers, large over NVLink: a B200 TP4 log of 2026 starts with 2.47 GiB
+# used (PR #25359 saw 4.5 GiB on H100s under Ray). Over PCIe they are taken as nil.
+CUDA_CONTEXT_BYTES: Final = 544 * MiB
+NCCL_INIT_NVLINK_BYTES: Final = 1986 * MiB
+
+
+def startup_free_bytes(gpu: GpuSpec, tp: int, version: EngineVersion) -> int:
+    """What vLLM sees free at its start-up snapshot on an empty GPU; it refuses to start when
+    gpu_memory_utilization x total is more ("Free memory on device ... on startup is less
+    than desired GPU memory utilization", v1/worker/utils.py ``request_memory``)."""
+    used = CUDA_CONTEXT_BYTES
+    if version.snapshot_after_nccl and tp > 1 and gpu.interconnect == "nvlink":
+        used += NCCL_INIT_NVLINK_BYTES
+    return gpu.cuda_total_bytes - used
+
+
 def non_torch_bytes(gpu: GpuSpec, tp: int) -> int:
     """Non-torch memory of one GPU's engine: the base, plus the communication buffers of
     tensor parallelism, larger over NVLink than over PCIe."""
@@ -281,10 +300,30 @@ class CaptureShortfall(Protocol):
     def post_capture_short_bytes(self) -> int: ...
 
 
+class StartupShortfall(Protocol):
+    """What ``utilization_for_startup`` reads of an estimate."""
+
+    @property
+    def total_bytes(self) -> int: ...
+    @property
+    def budget_bytes(self) -> int: ...
+    @property
+    def startup_short_bytes(self) -> int: ...
+
+
 def utilization_for_capture(b: CaptureShortfall) -> float:
     """The gpu_memory_utilization that leaves what ``b`` lacks after capture more room above
     the budget (rounded down to 0.01; at least 0.05)."""
+    return _utilization_without(b, b.post_capture_short_bytes)
+
+
+def utilization_for_startup(b: StartupShortfall) -> float:
+    """The gpu_memory_utilization whose budget is free at vLLM's start-up snapshot (rounded
+    down to 0.01; at least 0.05)."""
+    return _utilization_without(b, b.startup_short_bytes)
+
+
+def _utilization_without(b: CaptureShortfall | StartupShortfall, short: int) -> float:
     if b.total_bytes <= 0:
         return 0.0
-    room = b.budget_bytes - b.post_capture_short_bytes
-    return max(0.05, int(room / b.total_bytes * 100) / 100)
+    return max(0.05, int((b.budget_bytes - short) / b.total_bytes * 100) / 100)

@@ -47,6 +47,9 @@ class Prediction:
     post_capture_short_bytes: int = 0
     """What CUDA-graph capture and the sampler warm-up lack above the budget (V1 before
     0.20, which sizes the KV cache without the graphs)."""
+    startup_short_bytes: int = 0
+    """What the budget exceeds the memory free at vLLM's start-up snapshot by, on an empty
+    GPU (vLLM refuses to start)."""
     speculative_bytes: int = 0
     """The speculative draft's weights and CUDA graphs (memory/additions.py)."""
     speculative_kv_bytes_per_token: int = 0
@@ -85,6 +88,7 @@ class Prediction:
             shortfall_bytes=b.shortfall_bytes,
             overcommitted_bytes=b.overcommitted_bytes,
             post_capture_short_bytes=b.post_capture_short_bytes,
+            startup_short_bytes=b.startup_short_bytes,
             speculative_bytes=a.speculative_weights_bytes + a.speculative_graph_bytes,
             speculative_kv_bytes_per_token=a.speculative_kv_bytes_per_token,
             lora_bytes=a.lora_bytes,

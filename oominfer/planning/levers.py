@@ -110,12 +110,36 @@ def explain(
         and version.graphs_after_kv_cache and not s.enforce_eager
         and s.gpu_memory_utilization < defaults.gpu_memory_utilization
     )  # fmt: skip
+    lowered = f"lowered from {defaults.gpu_memory_utilization:g}"
     if s.gpu_memory_utilization != defaults.gpu_memory_utilization:
-        add("gpu_memory_utilization", s.gpu_memory_utilization,
-            f"lowered from {defaults.gpu_memory_utilization:g} to leave room above the budget "
-            f"for the {format_bytes(b.cuda_graph_bytes)} of CUDA graphs this vLLM release "
-            "captures after sizing the KV cache" if captured_after else
-            f"set by {flag('gpu_memory_utilization')}, or to what is free on the GPU",
+        if _short_at_start(spec, hardware, s, defaults, engine=engine, version=version):
+            reason = (f"{lowered}: that budget is not free when vLLM starts, beside the CUDA "
+                      "context and NCCL's buffers")  # fmt: skip
+        elif captured_after:
+            reason = (f"{lowered} to leave room above the budget for the "
+                      f"{format_bytes(b.cuda_graph_bytes)} of CUDA graphs this vLLM release "
+                      "captures after sizing the KV cache")  # fmt: skip
+        else:
+            reason = f"set to what is free on the GPU ({flag('gpu_memory_utilization')})"
+        add("gpu_memory_utilization", s.gpu_memory_utilization, reason,
             "a smaller KV cache" if s.gpu_memory_utilization < defaults.gpu_memory_utilization
             else "less headroom for other processes")  # fmt: skip
     return tuple(levers)
+
+
+def _short_at_start(
+    spec: ModelSpec,
+    hardware: Hardware,
+    s: EngineSettings,
+    defaults: EngineSettings,
+    *,
+    engine: Engine,
+    version: EngineVersion,
+) -> bool:
+    """Whether the release's default utilization would ask for more than is free at start."""
+    at_default = dataclasses.replace(s, gpu_memory_utilization=defaults.gpu_memory_utilization)
+    try:
+        b = estimate(spec, hardware=hardware, settings=at_default, engine=engine, version=version)
+    except InvalidSettingError:
+        return False
+    return b.startup_short_bytes > 0

@@ -18,7 +18,7 @@ from oominfer.base.units import GiB, MiB
 from oominfer.hardware.hardware import Hardware
 from oominfer.memory.breakdown import MemoryBreakdown
 from oominfer.memory.estimate import estimate
-from oominfer.memory.profile import utilization_for_capture, vllm_defaults
+from oominfer.memory.profile import utilization_for_capture, utilization_for_startup, vllm_defaults
 from oominfer.model.spec import ModelSpec
 from oominfer.planning.constraints import Constraints
 from oominfer.planning.costs import WEIGHT_ONLY_FP8
@@ -231,6 +231,11 @@ def settle(
         b = estimate_for(spec, hardware, settings, c)
     except InvalidSettingError:
         return None
+    if b.startup_short_bytes > 0 and c.gpu_memory_utilization is None:
+        # The budget must be free when vLLM starts, beside the CUDA context and (0.11+)
+        # NCCL's buffers: the largest utilization that is.
+        settings = dataclasses.replace(settings, gpu_memory_utilization=utilization_for_startup(b))
+        b = estimate_for(spec, hardware, settings, c)
     if b.post_capture_short_bytes > 0 and c.gpu_memory_utilization is None:
         # A release that captures its CUDA graphs after sizing the KV cache (V1 before 0.20)
         # needs that room above the budget: a slightly smaller budget keeps the graphs. (A

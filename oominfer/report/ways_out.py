@@ -9,7 +9,7 @@ from oominfer.base.errors import InvalidSettingError
 from oominfer.hardware.hardware import Hardware
 from oominfer.memory.breakdown import MemoryBreakdown
 from oominfer.memory.estimate import estimate
-from oominfer.memory.profile import utilization_for_capture
+from oominfer.memory.profile import utilization_for_capture, utilization_for_startup
 from oominfer.model.spec import ModelSpec
 from oominfer.rules.parallel import tensor_parallel_refusal
 from oominfer.rules.versions import EngineVersion
@@ -28,6 +28,15 @@ def _tries(
         fits = b.max_model_len_that_fits
         tries.append(
             (f"{flag('max_model_len')} {fits}", dataclasses.replace(s, max_model_len=fits))
+        )
+    if b.startup_short_bytes > 0:
+        # A budget that is free beside the CUDA context (and NCCL's buffers) at start.
+        util = utilization_for_startup(b)
+        tries.append(
+            (
+                f"{flag('gpu_memory_utilization')} {util:.2f}",
+                dataclasses.replace(s, gpu_memory_utilization=util),
+            )
         )
     if b.post_capture_short_bytes > 0:
         # More room above the budget for the graphs captured after the KV cache is sized.

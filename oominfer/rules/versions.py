@@ -44,6 +44,8 @@ class EngineVersion:
     cache without it; a 0.20 log prints "Estimated CUDA graph memory" before "Available KV
     cache memory" and the KV cache it leaves)."""
     model_runner_v2: bool
+    """The V2 model runner (default in 0.32): its dummy sampler keeps only the logits in the
+    model dtype; the V1 runner's also makes fp32 logits, probabilities and noise."""
     mla_latent: bool
     """MLA models cache the compressed latent (0.7+); before, K and V were expanded."""
     always_chunked_prefill: bool
@@ -71,8 +73,10 @@ class EngineVersion:
     """0.33: Qwen GDN hybrids keep a prefill checkpoint block under prefix caching when the
     FlashInfer GDN prefill runs (Hopper): 3 state blocks per request instead of 2
     (model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py)."""
-    """The V2 model runner (default in 0.32): its dummy sampler keeps only the logits in the
-    model dtype; the V1 runner's also makes fp32 logits, probabilities and noise."""
+    snapshot_after_nccl: bool = False
+    """0.11+: the worker takes its start-up memory snapshot after NCCL is initialised (PR
+    #25359), so NCCL's init-time buffers are no longer free when vLLM checks that
+    gpu_memory_utilization x total is (v1/worker/gpu_worker.py ``init_device``)."""
 
     @classmethod
     @functools.cache
@@ -99,6 +103,7 @@ class EngineVersion:
             sampler_warmup_pass=release >= (0, 33),
             mla_workspace_in_profile=release >= (0, 33),
             gdn_checkpoint_blocks=release >= (0, 33),
+            snapshot_after_nccl=v1 and release >= (0, 11),
         )
 
     @property
