@@ -443,3 +443,18 @@ def test_the_planner_lowers_a_budget_that_is_not_free_at_start() -> None:
     assert result.breakdown.fits
     lever = next(lv for lv in result.levers if lv.name == "gpu_memory_utilization")
     assert "not free when vLLM starts" in lever.reason
+
+
+def test_a_utilization_asked_for_that_is_not_free_at_start_is_refused_with_the_one_that_is() -> (
+    None
+):
+    hardware = Hardware.from_gpu("H100", 2)
+    c = Constraints(
+        engine_version="0.33.0",
+        gpu_memory_utilization=0.99,
+        requested={"tensor_parallel_size": 2},
+    )
+    with pytest.raises(DoesNotFitError) as caught:
+        plan(load_spec("meta-llama/Llama-3.1-8B-Instruct"), hardware, c)
+    assert "at --gpu-memory-utilization 0.99 vLLM asks for" in str(caught.value)
+    assert caught.value.ways_out[0] == "--gpu-memory-utilization 0.96"

@@ -14,6 +14,7 @@ from oominfer.base.errors import DoesNotFitError, InvalidSettingError, ModelErro
 from oominfer.base.units import counted, format_bytes
 from oominfer.hardware.hardware import Hardware
 from oominfer.memory.breakdown import MemoryBreakdown
+from oominfer.memory.profile import utilization_for_startup
 from oominfer.model.catalog import quantized_siblings
 from oominfer.model.load import load_spec
 from oominfer.model.spec import ModelSpec, QuantSpec
@@ -191,7 +192,18 @@ def does_not_fit(spec: ModelSpec, hardware: Hardware, c: Constraints) -> DoesNot
     where = hardware.describe()
     floor = c.floor(spec.max_position_embeddings)
     ways = list(_held_back(spec, hardware, c))
-    if b.kv_cache_bytes <= 0:
+    if b.startup_short_bytes > 0:
+        # Only a utilization the user gave gets here (the planner lowers its own).
+        util = utilization_for_startup(b)
+        why = (
+            f"at {flag('gpu_memory_utilization')} {closest.gpu_memory_utilization:g} vLLM asks "
+            f"for {format_bytes(b.budget_bytes)} per GPU at start, but beside the CUDA context "
+            f"(and NCCL's buffers, over NVLink) only "
+            f"{format_bytes(b.budget_bytes - b.startup_short_bytes)} is free then"
+        )
+        ways.insert(0, f"{flag('gpu_memory_utilization')} {util:.2f}")
+        shortfall = b.startup_short_bytes
+    elif b.kv_cache_bytes <= 0:
         need = b.non_kv_bytes
         why = (
             f"the weights and activations of the closest plan ({_describe(b, closest)}) need "
