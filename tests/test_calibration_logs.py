@@ -54,10 +54,6 @@ XFAIL: dict[tuple[str, str], str] = {
     "model was 76 B per layer, hidden and graph where the other early-V1 logs at the same 67 "
     "sizes show 144-257 B (c06, dp37, c10, c11; bench/fit_graphs.py leaves it out): 1.53 GiB "
     "estimated vs 0.51",
-    ("c09", "verdict"): "0.9 captures its graphs above the budget (memory/profile.py "
-    "post_capture_short); the estimate's 1.53 GiB early-V1 pool and the PyTorch-sort "
-    "sampler of a pip install (1.30 GiB) leave 0.21 GiB short, where this deployment (c08's: "
-    "0.51 GiB of graphs) runs in an image that carries FlashInfer's sampler (0.51 GiB)",
     ("n13", "cuda_graphs"): "the capacity planner's table prints -0.76 GiB of CUDAGraph "
     "memory (vLLM 0.11's free-memory delta, which memory freed during the capture can turn "
     "negative), not a pool size: 0.85 GiB estimated",

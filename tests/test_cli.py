@@ -409,8 +409,8 @@ def test_graphs_captured_after_the_kv_cache_say_which_budget_to_lower() -> None:
     assert result.exit_code == 3, result.output
     last = result.stdout.strip().splitlines()
     assert "captures them afterwards above the budget" in last[-2]
-    assert last[-1] == "Ways out: --gpu-memory-utilization 0.87; --enforce-eager."
-    fixed = invoke(*args, "--engine-version", "0.11", "--gpu-memory-utilization", "0.87")
+    assert last[-1] == "Ways out: --gpu-memory-utilization 0.89; --enforce-eager."
+    fixed = invoke(*args, "--engine-version", "0.11", "--gpu-memory-utilization", "0.89")
     assert fixed.exit_code == 0, fixed.output
     assert invoke(*args, "--engine-version", "0.33").exit_code == 0
 

@@ -463,7 +463,7 @@ def test_a_release_that_captures_graphs_after_the_kv_cache_needs_room_above_the_
 
     old = at("0.11")
     assert old.kv_cache_bytes > 0 and old.max_model_len_that_fits >= old.max_model_len
-    assert not old.fits and old.shortfall_bytes == old.post_capture_short_bytes > 0.5 * GiB
+    assert not old.fits and old.shortfall_bytes == old.post_capture_short_bytes > 0.1 * GiB
     # Releases that reserve the graphs inside the budget, eager mode, or a lower budget fit.
     assert at("0.20").post_capture_short_bytes == 0 and at("0.20").fits
     assert at("0.11", enforce_eager=True).fits
