@@ -3,6 +3,7 @@ local store, and the next estimate of the same model x GPU x engine release star
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -99,3 +100,57 @@ def test_the_next_estimate_starts_from_what_was_measured() -> None:
     assert after["output_tokens_per_s"] == pytest.approx(before["output_tokens_per_s"] / 2, 0.01)
     text = CliRunner().invoke(main, args[:-1]).stdout
     assert "starts from" in text and "measurement on this machine" in text
+
+
+def test_verification_keeps_the_measured_kv_cache_and_the_next_estimate_starts_from_it() -> None:
+    """The engine's "Available KV cache memory" beside the model's: kept per model x GPU x
+    release, and the next estimate of the same layout takes what the model missed besides
+    the KV cache from it (and says so); another layout does not."""
+    from oominfer.verify.memory_store import recall_memory
+    from oominfer.verify.memory_store import store_path as memory_store
+
+    spec = load_spec(LLAMA)
+    hw = Hardware.from_gpu("H100")
+    c = Constraints(max_model_len=8192, engine_version="0.33")
+    planned = fit(spec, hw, c).planned.breakdown.kv_cache_bytes
+    measured = planned - int(1.5 * GiB)  # the engine held 1.5 GiB more than the model
+
+    def prober(model: str, settings: EngineSettings, *, engine: str, device: str) -> ProbeResult:
+        outcome = ready(1500.0)(model, settings, engine=engine, device=device)
+        facts = LogFacts(status=ProbeStatus.READY, phase="ready", kv_cache_bytes=measured)
+        return dataclasses.replace(outcome, facts=facts)
+
+    result = fit(spec, hw, c, prober=prober, use_cache=False)
+    kept = recall_memory(LLAMA, hw.gpu.name, "0.33")
+    assert kept is not None and kept.kv_cache_bytes == measured
+    assert kept.offset_bytes == pytest.approx(1.5 * GiB, abs=1)
+    assert len(memory_store().read_text().splitlines()) == 1
+
+    s = result.plan.settings
+    args = ["estimate", LLAMA, "--gpu", "H100", "--engine-version", "0.33",
+            "--max-model-len", str(s.max_model_len), "--max-num-seqs", str(s.max_num_seqs),
+            "--gpu-memory-utilization", "0.85", "--json"]  # fmt: skip
+    if s.max_num_batched_tokens:
+        args += ["--max-num-batched-tokens", str(s.max_num_batched_tokens)]
+    if s.kv_cache_dtype != "auto":
+        args += ["--kv-cache-dtype", s.kv_cache_dtype]
+    if s.quantization:
+        args += ["-q", s.quantization]
+    if s.enforce_eager:
+        args += ["--enforce-eager"]
+    doc = json.loads(CliRunner().invoke(main, args).stdout)
+    assert doc["memory_calibrated_from"]["offset_bytes"] == kept.offset_bytes
+    # Another budget, same layout: the correction holds; the KV cache is 1.5 GiB smaller.
+    model_only = EngineSettings(**{**dataclasses.asdict(s), "gpu_memory_utilization": 0.85})
+    from oominfer.api import estimate as api_estimate
+
+    alone = api_estimate(spec, hw, model_only, engine_version="0.33").kv_cache_bytes
+    assert doc["per_gpu"]["kv_cache_bytes"] == pytest.approx(alone - 1.5 * GiB, abs=2)
+    text = CliRunner().invoke(main, args[:-1]).stdout
+    assert "Memory starts from a measurement on this machine" in text
+    # Another layout (eager here, or not): the model alone.
+    other = [*args[:-1], "--json"]
+    other = [a for a in other if a != "--enforce-eager"] + (
+        [] if s.enforce_eager else ["--enforce-eager"]
+    )
+    assert json.loads(CliRunner().invoke(main, other).stdout)["memory_calibrated_from"] is None

@@ -87,6 +87,7 @@ def estimate(
     *,
     engine: Engine = "vllm",
     engine_version: str | None = None,
+    measured_offset_bytes: int = 0,
 ) -> MemoryBreakdown:
     """The memory ``model`` needs per GPU with ``settings`` (vLLM's defaults when None).
 
@@ -97,6 +98,8 @@ def estimate(
         engine: ``vllm`` or ``transformers``.
         engine_version: the vLLM release whose memory profile and rules to follow
             (default: the installed vLLM's, else the latest release).
+        measured_offset_bytes: memory besides the KV cache an engine measured on this
+            setup beyond the model's (``MeasuredMemory.offset_bytes``), taken from the KV cache.
 
     Raises:
         InvalidSettingError: settings that cannot work with this model or hardware.
@@ -113,6 +116,7 @@ def estimate(
         settings=settings,
         engine=engine,
         version=version,
+        measured_offset_bytes=measured_offset_bytes,
     )
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -26,6 +26,9 @@ from oominfer.model.spec import ModelSpec
 from oominfer.planning.constraints import check_useful_context
 from oominfer.rules.parallel import tensor_parallel_refusal
 from oominfer.settings import Engine, EngineSettings, flag
+
+if TYPE_CHECKING:
+    from oominfer.verify.memory_store import MeasuredMemory
 
 
 def parallel_note(spec: ModelSpec, hardware: Hardware, settings: EngineSettings) -> str | None:
@@ -74,6 +77,7 @@ def estimate(model: str, revision: str | None, as_json: bool, **opts: Any) -> No
     from oominfer.report.ways_out import ways_out
     from oominfer.speed import calibrated
     from oominfer.speed import predict as predict_speed
+    from oominfer.verify.memory_store import memory_layout, recall_memory
     from oominfer.verify.speed_store import recall
 
     settings = build_settings(opts)
@@ -98,6 +102,13 @@ def estimate(model: str, revision: str | None, as_json: bool, **opts: Any) -> No
     if opts.get("max_model_len") == AUTO:
         settings = _auto_fit(spec, hardware, settings, opts["engine"], release)
     b = run_estimate(spec, hardware, settings, engine=opts["engine"], engine_version=release)
+    memory = recall_memory(spec.model_id, hardware.gpu.name, release)
+    if memory is not None and memory.layout == memory_layout(settings, b):
+        # An engine ran this very setup here: what the model missed besides the KV cache.
+        b = run_estimate(spec, hardware, settings, engine=opts["engine"], engine_version=release,
+                         measured_offset_bytes=memory.offset_bytes)  # fmt: skip
+    else:
+        memory = None
     predicted = Prediction.of(b)
     fits, line = verdict(predicted)
     perf = predict_speed(
@@ -139,6 +150,7 @@ def estimate(model: str, revision: str | None, as_json: bool, **opts: Any) -> No
     if as_json:
         document = breakdown_json(spec, hardware, settings, b)
         document["performance"] = performance_json(perf, measured)
+        document["memory_calibrated_from"] = memory_json(memory)
         if error is not None:  # one document: the error's keys first, then the estimate
             document = {**error_json_of(error), **document}
         click.echo(json.dumps(document, indent=2))
@@ -149,6 +161,8 @@ def estimate(model: str, revision: str | None, as_json: bool, **opts: Any) -> No
         bar = memory_bar(predicted)
         click.echo("".join(click.style(g, fg=c) for g, c, _ in bar))
         click.echo("  ".join(click.style(legend, fg=c) for _, c, legend in bar))
+        if memory is not None:
+            click.echo(memory_line(memory))
         if fits:
             for row in speed_lines(perf, measured):
                 click.echo(row)
@@ -172,3 +186,26 @@ def _auto_fit(
     trial = dataclasses.replace(settings, max_model_len=spec.max_position_embeddings)
     found = settle(spec, hardware, c, trial)
     return found.settings if found is not None else trial
+
+
+def memory_json(memory: MeasuredMemory | None) -> dict[str, Any] | None:
+    """The measurement an estimate took its non-KV memory from (None: the model alone)."""
+    if memory is None:
+        return None
+    return {
+        "kv_cache_bytes": memory.kv_cache_bytes,
+        "predicted_kv_cache_bytes": memory.predicted_kv_cache_bytes,
+        "offset_bytes": memory.offset_bytes,
+        "engine_version": memory.engine_version,
+        "measured_at": memory.measured_at,
+    }
+
+
+def memory_line(memory: MeasuredMemory) -> str:
+    """What the text report says when an estimate starts from a measurement."""
+    more = "more" if memory.offset_bytes >= 0 else "less"
+    return (
+        f"Memory starts from a measurement on this machine ({memory.engine_version}, "
+        f"{memory.measured_at}): the engine held {format_bytes(abs(memory.offset_bytes))} "
+        f"{more} besides the KV cache than the model, and this estimate counts it."
+    )

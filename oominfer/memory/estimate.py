@@ -84,6 +84,7 @@ def estimate(
     settings: EngineSettings,
     engine: Engine = "vllm",
     version: EngineVersion,
+    measured_offset_bytes: int = 0,
 ) -> MemoryBreakdown:
     """Memory needed to serve ``spec`` on ``hardware`` with ``settings``, per GPU.
 
@@ -95,6 +96,9 @@ def estimate(
         engine: ``vllm`` (paged KV cache, profiling run, CUDA graphs) or ``transformers``
             (dynamic KV cache per sequence, no graphs).
         version: the vLLM release whose behaviour to model (calibration replays old logs).
+        measured_offset_bytes: memory besides the KV cache an engine held on this same setup
+            beyond the model's (negative: less; verify/memory_store.py), counted with the
+            non-torch memory.
 
     Raises:
         InvalidSettingError: settings that cannot work with this model or hardware.
@@ -185,6 +189,7 @@ def estimate(
             spec, gpu, max_num_seqs=seqs, max_model_len=max_len, tp=tp
         )
     non_torch = CPU_RUNTIME_BYTES if device == "cpu" else non_torch_bytes(gpu, tp)
+    non_torch += measured_offset_bytes
     # Each pipeline stage profiles and sizes its own cache; vLLM then gives every stage the
     # smallest block count among them (v1/core/kv_cache_utils.py get_kv_cache_configs), so
     # the stage with the fewest blocks decides.

@@ -290,25 +290,26 @@ def post_capture_short(
     return max(0, graphs + sampler + POST_CAPTURE_MARGIN_BYTES - free)
 
 
-class CaptureShortfall(Protocol):
-    """What ``utilization_for_capture`` reads of an estimate (MemoryBreakdown, or the
-    Prediction a plan records)."""
+class Budgeted(Protocol):
+    """An estimate's GPU total and budget (MemoryBreakdown, or the Prediction a plan
+    records)."""
 
     @property
     def total_bytes(self) -> int: ...
     @property
     def budget_bytes(self) -> int: ...
+
+
+class CaptureShortfall(Budgeted, Protocol):
+    """What ``utilization_for_capture`` reads of an estimate."""
+
     @property
     def post_capture_short_bytes(self) -> int: ...
 
 
-class StartupShortfall(Protocol):
+class StartupShortfall(Budgeted, Protocol):
     """What ``utilization_for_startup`` reads of an estimate."""
 
-    @property
-    def total_bytes(self) -> int: ...
-    @property
-    def budget_bytes(self) -> int: ...
     @property
     def startup_short_bytes(self) -> int: ...
 
@@ -325,7 +326,7 @@ def utilization_for_startup(b: StartupShortfall) -> float:
     return _utilization_without(b, b.startup_short_bytes)
 
 
-def _utilization_without(b: CaptureShortfall | StartupShortfall, short: int) -> float:
+def _utilization_without(b: Budgeted, short: int) -> float:
     if b.total_bytes <= 0:
         return 0.0
     return max(0.05, int((b.budget_bytes - short) / b.total_bytes * 100) / 100)

@@ -28,6 +28,7 @@ from oominfer.runtime.status import ProbeStatus
 from oominfer.speed import Measured, Workload, predict
 from oominfer.verify.cache import cache_key, cached_plan, store_plan
 from oominfer.verify.correct import correct
+from oominfer.verify.memory_store import MeasuredMemory, memory_layout, remember_memory
 from oominfer.verify.prober import Prober, ProbeResult
 from oominfer.verify.speed_store import remember
 
@@ -112,6 +113,9 @@ def fit(
             measured = _measured(spec, hardware, result, outcome, version)
             if measured is not None:
                 remember(spec.model_id, hardware.gpu.name, measured)
+            memory = _measured_memory(result, outcome, version)
+            if memory is not None:
+                remember_memory(spec.model_id, hardware.gpu.name, memory)
             final = make_plan(spec, hardware, c, result, engine_version=version or None,
                               verification=verification, extra_levers=tuple(extra),
                               measured=measured)  # fmt: skip
@@ -157,6 +161,23 @@ def _measured(
         concurrency=load.concurrency,
         input_len=CONCURRENT_PROMPT_TOKENS,
         output_len=output_len,
+        engine_version=version,
+        measured_at=now(),
+    )
+
+
+def _measured_memory(
+    result: PlanResult, outcome: ProbeResult, version: str
+) -> MeasuredMemory | None:
+    """The engine's "Available KV cache memory" beside the model's for the same settings
+    (None when its log did not print it)."""
+    measured = outcome.facts.kv_cache_bytes
+    if measured is None or result.engine != "vllm":
+        return None
+    return MeasuredMemory(
+        kv_cache_bytes=measured,
+        predicted_kv_cache_bytes=result.breakdown.kv_cache_bytes,
+        layout=memory_layout(outcome.settings, result.breakdown),
         engine_version=version,
         measured_at=now(),
     )
