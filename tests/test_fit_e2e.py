@@ -12,6 +12,7 @@ taken from the engine itself: (b)'s first launch, at 131,072 tokens, fails with 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -157,6 +158,11 @@ def test_kv_budget_too_small_for_full_context(
     # datasheet roofline) prediction; the store keeps it for the next estimate.
     assert plan_.measured is not None and plan_.measured.output_tokens_per_s > 0
     assert plan_.measured.predicted_output_tokens_per_s is None
+    # And the engine's own KV cache beside the model's, for the next estimate.
+    assert plan_.verification.kv_cache_bytes is not None, run.explain()
+    kept = json.loads((tmp_path / "plans" / "memory.jsonl").read_text().splitlines()[-1])
+    assert kept["kv_cache_bytes"] == plan_.verification.kv_cache_bytes
+    assert kept["predicted_kv_cache_bytes"] == plan_.predicted.kv_cache_bytes
     assert "Measured:" in run.stdout
     assert "VERIFIED" in run.stdout
     assert "Traceback" not in run.stderr
