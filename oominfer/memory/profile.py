@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Final, Protocol
 
-from oominfer.base.units import GiB, KiB, MiB
+from oominfer.base.units import GiB, KiB, MiB, format_bytes
 from oominfer.hardware.gpu import GpuSpec
 from oominfer.hardware.hardware import Hardware
 from oominfer.model.spec import ModelSpec
@@ -324,6 +324,12 @@ def utilization_for_startup(b: StartupShortfall) -> float:
     """The gpu_memory_utilization whose budget is free at vLLM's start-up snapshot (rounded
     down to 0.01; at least 0.05)."""
     return _utilization_without(b, b.startup_short_bytes)
+
+
+def free_at_start(b: StartupShortfall) -> str:
+    """Why a budget is refused at start, in the words every report uses."""
+    free = format_bytes(b.budget_bytes - b.startup_short_bytes)
+    return f"beside the CUDA context (and NCCL's buffers, over NVLink) only {free} is free then"
 
 
 def _utilization_without(b: Budgeted, short: int) -> float:

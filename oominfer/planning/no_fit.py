@@ -14,7 +14,7 @@ from oominfer.base.errors import DoesNotFitError, InvalidSettingError, ModelErro
 from oominfer.base.units import counted, format_bytes
 from oominfer.hardware.hardware import Hardware
 from oominfer.memory.breakdown import MemoryBreakdown
-from oominfer.memory.profile import utilization_for_startup
+from oominfer.memory.profile import free_at_start, utilization_for_startup
 from oominfer.model.catalog import quantized_siblings
 from oominfer.model.load import load_spec
 from oominfer.model.spec import ModelSpec, QuantSpec
@@ -197,9 +197,7 @@ def does_not_fit(spec: ModelSpec, hardware: Hardware, c: Constraints) -> DoesNot
         util = utilization_for_startup(b)
         why = (
             f"at {flag('gpu_memory_utilization')} {closest.gpu_memory_utilization:g} vLLM asks "
-            f"for {format_bytes(b.budget_bytes)} per GPU at start, but beside the CUDA context "
-            f"(and NCCL's buffers, over NVLink) only "
-            f"{format_bytes(b.budget_bytes - b.startup_short_bytes)} is free then"
+            f"for {format_bytes(b.budget_bytes)} per GPU at start, but {free_at_start(b)}"
         )
         ways.insert(0, f"{flag('gpu_memory_utilization')} {util:.2f}")
         shortfall = b.startup_short_bytes

@@ -5,7 +5,11 @@ from __future__ import annotations
 from oominfer.base.units import counted, format_bytes
 from oominfer.hardware.hardware import Hardware
 from oominfer.memory.breakdown import MemoryBreakdown
-from oominfer.memory.profile import utilization_for_capture, utilization_for_startup
+from oominfer.memory.profile import (
+    free_at_start,
+    utilization_for_capture,
+    utilization_for_startup,
+)
 from oominfer.model.spec import ModelSpec
 from oominfer.planning.document import Prediction
 from oominfer.settings import flag
@@ -158,10 +162,8 @@ def verdict(b: Prediction) -> tuple[bool, str]:
         return False, (
             f"DOES NOT FIT: vLLM asks for {format_bytes(b.budget_bytes)} at start "
             f"({flag('gpu_memory_utilization')} {b.budget_bytes / b.total_bytes:.2f} of "
-            f"{format_bytes(b.total_bytes)}), but beside the CUDA context (and NCCL's "
-            f"buffers, over NVLink) only {format_bytes(b.budget_bytes - b.startup_short_bytes)}"
-            f" is free then; try {flag('gpu_memory_utilization')} "
-            f"{utilization_for_startup(b):.2f}."
+            f"{format_bytes(b.total_bytes)}), but {free_at_start(b)}; "
+            f"try {flag('gpu_memory_utilization')} {utilization_for_startup(b):.2f}."
         )
     if b.post_capture_short_bytes > 0 and b.kv_cache_bytes > 0:
         return False, (
