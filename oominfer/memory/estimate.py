@@ -175,6 +175,7 @@ def estimate(
         # Each rank's fused-MoE buffers span whole experts under expert parallelism
         # (memory/additions.py ``expert_share``), a tensor-parallel slice otherwise.
         expert_slices=1 if s.enable_expert_parallel else tp,
+        speculative=bool(s.speculative),
     )
     # The vision tower's forward over the dummy images runs first; its output, the encoder
     # cache, then stays alive through the text forward and the sampler: the peak is the
@@ -257,7 +258,12 @@ def estimate(
                     activation=activation,
                     graphs=graphs,
                     sampler=sampler_bytes(
-                        spec, tokens=batched, seqs=seqs, dtype_size=elem, version=version
+                        spec,
+                        tokens=batched,
+                        seqs=seqs,
+                        dtype_size=elem,
+                        version=version,
+                        speculative=bool(s.speculative),
                     ),
                     version=version,
                 )

@@ -216,6 +216,7 @@ def activation_bytes(
     tp: int,
     version: EngineVersion,
     expert_slices: int | None = None,
+    speculative: bool = False,
 ) -> int:
     """Peak of vLLM's profiling run above the weights: a forward pass over ``tokens`` tokens
     (max_num_batched_tokens), then the dummy sampler over ``min(tokens, seqs)`` rows of
@@ -225,7 +226,8 @@ def activation_bytes(
     gate/up output and activation, split across TP ranks; for MoE models the fused-MoE
     workspaces instead of the MLP (``moe_workspace_bytes``).
     Sampler: logits [rows, vocab] in the model dtype plus what the release's top-k/top-p
-    path holds per logit (``EngineVersion.sampler_bytes_per_logit_fp32``).
+    path holds per logit (``EngineVersion.sampler_bytes_per_logit_fp32``); with speculative
+    decoding, the larger of that and the rejection sampler's (``sampler_bytes``).
     """
     if spec.is_moe:
         qkv = (spec.num_attention_heads + 2 * spec.num_kv_heads) * spec.head_dim
@@ -240,7 +242,14 @@ def activation_bytes(
         )
     else:
         forward = forward_bytes(spec, tokens=tokens, dtype_size=dtype_size, tp=tp)
-    sampler = sampler_bytes(spec, tokens=tokens, seqs=seqs, dtype_size=dtype_size, version=version)
+    sampler = sampler_bytes(
+        spec,
+        tokens=tokens,
+        seqs=seqs,
+        dtype_size=dtype_size,
+        version=version,
+        speculative=speculative,
+    )
     # The forward's temporaries are freed when it returns; only its output hidden states
     # stay alive through the sampler (v1/worker/gpu_model_runner.py ``profile_run``).
     hidden = tokens * spec.hidden_size * dtype_size
@@ -248,12 +257,25 @@ def activation_bytes(
 
 
 def sampler_bytes(
-    spec: ModelSpec, *, tokens: int, seqs: int, dtype_size: int, version: EngineVersion
+    spec: ModelSpec,
+    *,
+    tokens: int,
+    seqs: int,
+    dtype_size: int,
+    version: EngineVersion,
+    speculative: bool = False,
 ) -> int:
     """The dummy sampler's peak: ``min(tokens, seqs)`` rows of logits in the model dtype and
-    what the release's top-k/top-p path holds per logit."""
+    what the release's top-k/top-p path holds per logit. With speculative decoding the V1
+    runner then runs the rejection sampler over as many rows of dummy target logits while
+    the sampler's logits stay alive (v1/worker/gpu_model_runner.py ``_dummy_sampler_run``):
+    the larger of the two (``EngineVersion.rejection_sampler_bytes_per_logit``)."""
     rows = min(tokens, seqs)
-    return rows * spec.vocab_size * (dtype_size + version.sampler_bytes_per_logit_fp32)
+    per_logit = dtype_size + version.sampler_bytes_per_logit_fp32
+    if speculative and version.v1 and not version.model_runner_v2:
+        rejection = dtype_size + version.rejection_sampler_bytes_per_logit(dtype_size)
+        per_logit = max(per_logit, rejection)
+    return rows * spec.vocab_size * per_logit
 
 
 POST_CAPTURE_MARGIN_BYTES: Final = 630 * MiB

@@ -73,6 +73,11 @@ class EngineVersion:
     """0.33: Qwen GDN hybrids keep a prefill checkpoint block under prefix caching when the
     FlashInfer GDN prefill runs (Hopper): 3 state blocks per request instead of 2
     (model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py)."""
+    flashinfer: bool = True
+    """FlashInfer is installed, as in the project's images (and every CUDA wheel from
+    0.11.1, PR #26443); False where the version text says a pip install without it ("no
+    FlashInfer", or the log's own "FlashInfer is not available"): 0.10-0.11's sampler then
+    sorts (``sampler_bytes_per_logit_fp32``)."""
     snapshot_after_nccl: bool = False
     """0.11+: the worker takes its start-up memory snapshot after NCCL is initialised (PR
     #25359), so NCCL's init-time buffers are no longer free when vLLM checks that
@@ -104,6 +109,9 @@ class EngineVersion:
             mla_workspace_in_profile=release >= (0, 33),
             gdn_checkpoint_blocks=release >= (0, 33),
             snapshot_after_nccl=v1 and release >= (0, 11),
+            flashinfer=not re.search(
+                r"(no|without) flashinfer|flashinfer is not available", version.lower()
+            ),
         )
 
     @property
@@ -127,31 +135,53 @@ class EngineVersion:
         - PyTorch's sort (v1/sample/ops/topk_topp_sampler.py ``apply_top_k_top_p``): the
           fp32 logits, sorted values and int64 indices, the radix sort's scratch of both,
           the softmax and the masks, about 34 bytes (PR #32558 measured 1.25 GB at 256 x
-          131,072, 37 bytes a logit). Every V1 release before the Triton kernel, except:
-        - 0.11: the FlashInfer sampler, on by default where FlashInfer is installed (PR
-          #26859 turned it off for 0.12, PR #26443 made flashinfer-python a dependency of
-          the CUDA wheel): fp32 logits and its masked copy and probabilities, 12 bytes.
-          Where FlashInfer is installed depends on how vLLM was: the project's images carry
-          it, a pip install of 0.9-0.11.0 did not (PR #21959 made it an extra). The logs
-          split that way: a 0.10.2 pip log profiles 1.40 GiB (the sort), a 0.10 build with
-          FlashInfer 0.45 GiB, a 0.11 log runs FlashInfer's kernel; the rule follows the
-          release's own default install from 0.11 on, and the logs before it.
-        - 0.16-0.31: the Triton top-k/top-p kernel (PR #33538, February 2026): fp32
-          logits and one probabilities buffer, 8 bytes.
+          131,072, 37 bytes a logit). 0.8-0.9 (FlashInfer's sampler off for FlashInfer
+          >= 0.2.3 until PR #15777) and 0.12-0.15 (PR #26859 turned it off by default).
+        - FlashInfer's ``top_k_top_p_sampling_from_logits`` (0.10-0.11 where FlashInfer is
+          installed, ``flashinfer``): the fp32 logits, their top-k-masked copy and the
+          probabilities, 12 bytes. The project's images carry FlashInfer; a pip install of
+          0.10-0.11.0 did not (PR #21959 made it an extra; its log warns "FlashInfer is
+          not available. Falling back to the PyTorch-native implementation"), and sorts.
+          The 0.10 logs split that way: c12 (a 0.10 build, 0.45 GiB profiled), c14 and c21
+          (the v0.10.2 image; c21's peak is the speculative rejection sampler's sort over
+          the same rows) take FlashInfer's path; a pip 0.10.2 on two H200s that warns so,
+          and c13 (0.10.2, 1.40 GiB), the sort. Unless told, the rule follows the image,
+          which is what oominfer's own manifests run.
+        - 0.16-0.31: the Triton top-k/top-p kernel (PR #33538, February 2026), then from
+          PR #40376 FlashInfer's again: the fp32 logits, the probabilities and, on the
+          Triton path, ``random_sample``'s exponential noise of the same shape, 12 bytes.
         - 0.32+: the V2 model runner's dummy sampler keeps only the logits.
         V0's sampler (whose profiling is fitted apart) keeps 12.
-        Fitted on the logs of bench/calibration.py: dp37 (0.9), c13 (0.10.2) and c17 (0.15)
-        need 33-37, c16 (0.11) 13, c03 (0.19) 11, c19 (0.26) 4.
+        Checked on the logs of bench/calibration.py: dp37 (0.9), c13 (0.10.2) and c17
+        (0.15) need 33-37; c12 and c14 (0.10), c16 (0.11), c03 (0.19) and c18 (0.26) 11-13.
         """
         if self.model_runner_v2:
             return 0
         if not self.v1:
             return 12
-        if self.release >= (0, 16):
-            return 8
-        if self.release == (0, 11):
-            return 12
-        return 34
+        if (0, 12) <= self.release < (0, 16) or self.release < (0, 10):
+            return 34
+        if self.release < (0, 12) and not self.flashinfer:
+            return 34
+        return 12
+
+    def rejection_sampler_bytes_per_logit(self, dtype_size: int) -> int:
+        """Bytes per logit the speculative rejection sampler's dummy run holds besides the
+        sampler's logits (v1/sample/rejection_sampler.py ``compute_probs``): its target
+        logits in the model dtype, then ``apply_top_k_top_p`` on them.
+
+        Before 0.16 that is PyTorch's sort whatever path the sampler takes, on the
+        model-dtype logits: the sorted keys and the radix sort's alternate keys (two key
+        sizes), the int64 indices, the iota they are sorted from and their alternate buffer
+        (24 bytes). The same count for the sampler's fp32 sort, 3 x 4 + 24 = 36, is what PR
+        #32558 measured (37). From 0.16 the Triton kernel: fp32 probabilities and
+        exponential noise, 8 bytes. c21 (Qwen3-Next-80B with MTP, 0.10.2, 1,024 rows)
+        profiles 4.71 GiB; this gives 4.67.
+        """
+        target = dtype_size
+        if self.v1 and self.release < (0, 16):
+            return target + 2 * dtype_size + 24
+        return target + 8
 
 
 def _hopper_mxfp4(release: tuple[int, int, int]) -> HopperMxfp4:
