@@ -68,6 +68,7 @@ STAND_INS: Final[dict[str, tuple[str, str | None]]] = {
     ),
     "mistralai/Mixtral-8x7B": ("mistralai/Mixtral-8x7B-v0.1", None),
     "deepseek-ai/DeepSeek-R1-0528": ("deepseek-ai/DeepSeek-R1", None),
+    "DeepSeek-R1-0528-AWQ": ("deepseek-ai/DeepSeek-R1", "awq"),
 }
 # vLLM's benchmark_serving sends every prompt at once when no rate is given; the scheduler
 # then runs max_num_seqs of them (the default: 256 on these GPUs).
@@ -217,8 +218,11 @@ def replay(point: dict[str, Any]) -> dict[str, Any]:
     if model is None or gpu is None:
         return {**row, "skip": "model not in the catalog" if model is None else "GPU unknown"}
     spec = load_spec(model[0])
-    if model[1] in ("awq", "gptq") and spec.quantization is None:
-        # The 4-bit checkpoint of this architecture: group-wise int4 (AWQ/GPTQ defaults).
+    if model[1] in ("awq", "gptq") and (
+        spec.quantization is None or spec.quantization.method != model[1]
+    ):
+        # The 4-bit checkpoint of this architecture (in place of the stand-in's own format,
+        # DeepSeek-R1's FP8): group-wise int4 (AWQ/GPTQ defaults).
         fmt = QuantSpec(method=model[1], bits=4, group_size=128)
         spec = dataclasses.replace(spec, quantization=fmt, checkpoint=Checkpoint())
     count = point.get("num_gpus") or 1

@@ -67,7 +67,12 @@ TODAY: dict[str, dict[str, float]] = {
     "t31": {"output_tokens_per_s": 1.150, "tpot_s": 0.556},
     "t32": {"output_tokens_per_s": 1.191, "tpot_s": 1.033},
     "t33": {"output_tokens_per_s": 1.277, "tpot_s": 1.092},
-    "t35": {"tpot_s": 1.074},
+    # DeepSeek-R1 AWQ on 8 H100s, one stream: the latent-attention layer floor is set on it
+    # (roofline.MLA_LAYER_FLOOR_S; 3.18 / 0.305 without it).
+    "t34": {"output_tokens_per_s": 1.013, "tpot_s": 0.987},
+    # SGLang (secondary), whose fused DeepSeek kernels run the layers faster than vLLM's
+    # (1.074 before the latent-attention floor).
+    "t35": {"tpot_s": 1.932},
 }
 
 

@@ -134,6 +134,7 @@ def stage(spec: ModelSpec, settings: EngineSettings, b: MemoryBreakdown) -> Stag
         state_bytes_per_seq=b.state_bytes_per_seq,
         layers=math.ceil(spec.num_layers / pp),
         moe_layers=math.ceil(moe_layers / pp),
+        mla_layers=math.ceil(spec.attention_layers / pp) if spec.is_mla else 0,
         tp=tp,
         all_reduce_bytes_per_token=spec.hidden_size * 2,
     )

@@ -43,6 +43,15 @@ SEQUENCE_STEP_S: Final = 20e-6
 (CPU work that grows with the batch, not hidden by CUDA graphs)."""
 MOE_LAYER_FLOOR_S: Final = 10e-6
 """Per MoE layer and step on top: routing, token permutation and the grouped GEMM."""
+MLA_LAYER_FLOOR_S: Final = 180e-6
+"""Per multi-head latent attention layer (DeepSeek V2/V3/R1, Kimi K2) and step on top: the
+latent path launches several times the kernels of grouped-query attention (the q and kv
+low-rank projections and their norms, rotary on a split head, the absorbed up-projections
+as batched GEMMs before and after the MLA kernel and its metadata), and its MoE routes by
+groups with a shared expert beside. Set on the one vLLM point of such a model (t34,
+DeepSeek-R1 AWQ on 8 H100s, one stream: 16.1 ms a token, 4.9 ms without this, 183 us a
+layer); vLLM 0.13's DeepSeek-V3.2 on 8 H20s at 30 tokens/s a stream (vllm issue #30832)
+is slower still. SGLang's fused DeepSeek kernels run faster (t35, secondary)."""
 EAGER_LAYER_S: Final = 60e-6
 """Per layer and step without CUDA graphs (enforce_eager): Python launches every kernel."""
 REQUEST_OVERHEAD_S: Final = 8e-3
@@ -89,6 +98,7 @@ class Stage:
     state_bytes_per_seq: float
     layers: int
     moe_layers: int
+    mla_layers: int = 0
     tp: int
     all_reduce_bytes_per_token: float
     """Bytes one token's activations take in one all-reduce (hidden x dtype)."""
@@ -153,6 +163,7 @@ def step_time(
         + SEQUENCE_STEP_S * decodes
         + LAYER_FLOOR_S * stage.layers
         + MOE_LAYER_FLOOR_S * stage.moe_layers
+        + MLA_LAYER_FLOOR_S * stage.mla_layers
         + (EAGER_LAYER_S * stage.layers if chip.eager else 0.0)
     )
     comm = 0.0
