@@ -29,6 +29,13 @@ Bound = Literal["memory", "compute"]
 BANDWIDTH_EFFICIENCY: Final = 0.70
 """Decode reads weights and KV cache at this share of the HBM bandwidth (single-stream
 dense points sit at 1.15-1.6x the pure bandwidth bound, floor included)."""
+MOE_READ_SHARE: Final = 0.64
+"""The fused-MoE kernels read the experts a step touches at this share of what dense GEMMs
+reach (0.45 of the HBM bandwidth at BANDWIDTH_EFFICIENCY): tokens sorted and padded per
+expert, one small GEMM per expert block. Set so the MoE points of throughput_points.jsonl
+(t17, t31-t34: Mixtral, Nemotron-3-Nano, DeepSeek-R1; H100 to B200, one to 605 streams)
+centre on their measurements: at the dense share their output tokens/s came out 1.01-1.46x
+(median 1.19x) the measured; now 0.99-1.16x."""
 COMPUTE_EFFICIENCY: Final = 0.40
 """GEMMs of a step reach this share of the dense tensor-core peak."""
 GEMM_HALF_TOKENS: Final = 64
@@ -72,6 +79,8 @@ class Chip:
 
     bandwidth: float
     """Bytes per second the weights and KV cache are read at."""
+    expert_bandwidth: float
+    """Bytes per second the routed experts are read at (MOE_READ_SHARE of ``bandwidth``)."""
     flops: float
     """FLOPs per second the GEMMs reach at the weights' compute dtype."""
     link: float
@@ -145,12 +154,10 @@ def step_time(
     """
     tokens = decodes + prefill_tokens
     touched = touched_expert_share(stage.experts_per_token_share, tokens)
-    read = (
-        stage.dense_bytes
-        + stage.expert_bytes * touched
-        + decodes * (context * stage.kv_bytes_per_token + stage.state_bytes_per_seq)
+    read = stage.dense_bytes + decodes * (
+        context * stage.kv_bytes_per_token + stage.state_bytes_per_seq
     )
-    memory = read / chip.bandwidth
+    memory = read / chip.bandwidth + stage.expert_bytes * touched / chip.expert_bandwidth
     attention = stage.attention_flops_per_context_token * (
         decodes * context + prefill_tokens * prefill_context
     )
