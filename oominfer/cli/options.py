@@ -68,7 +68,8 @@ ENGINE = click.option(
 ENGINE_VERSION = click.option(
     "--engine-version", metavar="X.Y",
     help="The vLLM release to plan for: its memory profile and rules (default: the "
-    "installed vLLM, else the latest release).",
+    "installed vLLM, else the latest release). A pip install of 0.10-0.11.0 without "
+    "FlashInfer samples differently: say so, e.g. '0.10.2 no FlashInfer'.",
 )  # fmt: skip
 AUTO: Final = -1
 """``--max-model-len auto`` (vLLM's spelling, also ``-1``): the longest context that fits."""
