@@ -48,6 +48,7 @@ from oominfer.memory.profile import (
     CPU_RUNTIME_BYTES,
     activation_bytes,
     cuda_graph_bytes,
+    graph_estimate_excess,
     non_torch_bytes,
     post_capture_short,
     sampler_bytes,
@@ -243,6 +244,7 @@ def estimate(
         )
         overcommitted = 0
         after_capture = 0
+        stage_activation = activation
         if s.kv_cache_memory_bytes is not None:
             kv_cache = s.kv_cache_memory_bytes
             if device == "cuda":  # vLLM does not check it (v1/worker/gpu_worker.py)
@@ -250,7 +252,10 @@ def estimate(
                 overcommitted = rest + kv_cache - gpu.cuda_total_bytes
         else:
             in_budget = graphs if version.graphs_in_budget else 0
-            kv_cache = budget - weights - activation - non_torch - in_budget - in_budget_extra
+            # 0.20+ reserves its graph estimate, a little above the pool: the excess is
+            # counted with the profiling peak, as vLLM prints it.
+            stage_activation += graph_estimate_excess(graphs, version)
+            kv_cache = budget - weights - stage_activation - non_torch - in_budget - in_budget_extra
             if device == "cuda":
                 after_capture = post_capture_short(
                     total=gpu.cuda_total_bytes,
@@ -304,7 +309,7 @@ def estimate(
             total_bytes=gpu.cuda_total_bytes,
             budget_bytes=budget,
             weights_bytes=weights,
-            activation_bytes=activation,
+            activation_bytes=stage_activation,
             non_torch_bytes=non_torch,
             cuda_graph_bytes=graphs,
             kv_cache_bytes=kv_cache,

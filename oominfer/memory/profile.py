@@ -88,6 +88,23 @@ GRAPH_BYTES_PER_LAYER_V0: Final = 182 * KiB
 GRAPH_BYTES_RECURRENT_FIXED: Final = 512 * MiB
 
 
+GRAPH_ESTIMATE_RATIO: Final = 1.15
+"""From 0.20 vLLM sizes the KV cache after reserving its own estimate of the graph pool
+("Estimated CUDA graph memory", PR #38284), which the logs that print both put at
+0.98-1.21x the pool capture then takes: c20 0.61 / 0.62 GiB (5 + 4 graphs), c01 1.10 /
+0.96, and a public GLM TP4 log on B200s 4.99 / 4.13 ("CUDA graph pool memory: 4.13 GiB
+(actual), 4.99 GiB (estimated)"); the median."""
+
+
+def graph_estimate_excess(graphs: int, version: EngineVersion) -> int:
+    """What vLLM's graph-memory estimate reserves beyond the pool ``graphs`` (0 before 0.20,
+    whose KV cache is sized without the graphs). vLLM counts the whole estimate in the peak
+    activation it prints; the estimate counts the excess there too."""
+    if not version.graphs_in_budget:
+        return 0
+    return int(graphs * (GRAPH_ESTIMATE_RATIO - 1))
+
+
 def graph_era(version: EngineVersion) -> str:
     """Which per-graph constant a release's capture follows: V0's whole-model graphs, the
     early V1 runner (0.8-0.9), or the piecewise capture of 0.10 onwards."""
