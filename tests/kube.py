@@ -105,6 +105,10 @@ def load_crds(server: KubeApiServer) -> None:
     server.kubectl("wait", "--for", "condition=established", "crd", "--all", "--timeout=60s")
 
 
+START_ATTEMPTS = 3
+"""Starts tried before a failure fails the tests (see ``start``)."""
+
+
 def start(state: Path) -> Iterator[KubeApiServer]:
     """Start the server with its state in ``state``, CRDs loaded; stop it afterwards.
 
@@ -116,7 +120,14 @@ def start(state: Path) -> Iterator[KubeApiServer]:
     _wait_for_warm_build()
     env = {**os.environ, "KAS_STATE": str(state)}
     env.pop("KUBECONFIG", None)
-    result = _run_script("up", env)
+    for _ in range(START_ATTEMPTS):
+        result = _run_script("up", env)
+        # The script draws its etcd and server ports at random from a range that overlaps
+        # the kernel's ephemeral ports: a port an outgoing connection holds passes its
+        # "nothing listens" check, then etcd cannot bind it ("address already in use"). A
+        # failed start stops what it started, so starting again draws new ports.
+        if result.returncode == 0 or result.returncode == CANNOT_BUILD_HERE:
+            break
     if result.returncode == CANNOT_BUILD_HERE:
         pytest.skip(f"kube-apiserver cannot be built here: {result.stderr.strip()[-300:]}")
     assert result.returncode == 0, f"kube-apiserver.sh up failed:\n{result.stderr[-3000:]}"
