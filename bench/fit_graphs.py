@@ -34,7 +34,9 @@ from oominfer.rules.attention import graph_counts, max_capture_size
 # Logs whose "took" line measures more than the graph pool, by their own notes: c16 ran
 # four engines at once beside a foreign process (the free-memory delta counts theirs);
 # c10 is a 30% vGPU slice of an A100 whose free-memory readings are distorted.
-# dp54 captures LoRA's Punica buffers with the graphs. c08 goes the other way: its 0.9.0.1
+# dp54 captures LoRA's Punica buffers with the graphs. n13 prints a negative figure (-0.76
+# GiB): more was freed during capture (a multimodal model, whose profiling run's buffers
+# go then) than the pool took. c08 goes the other way: its 0.9.0.1
 # pool (a multimodal model's 28 x 3584 language model) is 76 B per layer, hidden and graph
 # where the other early-V1 logs at the same 67 sizes show 144-257 B (c06's 0.8.3 32B,
 # dp37, c10, c11): one log against four, left out rather than pulling the constant to it.
@@ -43,6 +45,7 @@ NOT_THE_POOL_ALONE = {
     "c10": "vGPU slice",
     "dp54": "LoRA buffers captured too",
     "c08": "an early-V1 pool a third of the other 0.8-0.9 logs'",
+    "n13": "a negative figure: the multimodal profiling's buffers freed during capture",
 }
 NAMES = ("PIECEWISE", "FULL", "NCCL", "EARLY_V1", "V0")
 

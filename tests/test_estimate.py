@@ -14,7 +14,11 @@ from oominfer.hardware.gpu import GpuSpec, find_gpu
 from oominfer.hardware.hardware import Hardware
 from oominfer.memory.breakdown import MemoryBreakdown
 from oominfer.memory.estimate import estimate
-from oominfer.memory.profile import CPU_RUNTIME_BYTES, graph_estimate_excess
+from oominfer.memory.profile import (
+    CPU_RUNTIME_BYTES,
+    GRAPH_BYTES_PER_LAYER_PIECEWISE,
+    graph_estimate_excess,
+)
 from oominfer.memory.weights import mxfp4_expert_ratio, weights_bytes
 from oominfer.model.catalog import catalog_entry
 from oominfer.model.config import spec_from_config
@@ -566,7 +570,7 @@ def test_full_graphs_of_hybrids_start_in_0_10_2() -> None:
 
     # 0.10.1 captured PIECEWISE graphs only; 0.10.2 adds 67 FULL ones of the same size, and
     # the fixed part that comes with them.
-    added = 48 * 67 * 313 * 1024 + 512 * MiB
+    added = 48 * 67 * GRAPH_BYTES_PER_LAYER_PIECEWISE + 512 * MiB
     assert graphs("0.10.2") - graphs("0.10.1") == pytest.approx(added, rel=0.01)
     # A dense model's FULL graphs stay cheap.
     dense = estimate(load_spec("Qwen/Qwen3-8B"), hardware=Hardware.from_gpu("H200"),

@@ -69,11 +69,11 @@ MLP_TEMPORARIES: Final = 3
 # their own. Least squares over the calibration logs with a graph line that replay
 # (bench/fit_graphs.py: 0.7-0.26, 1-94 layers, TP 1-4; residuals there): a width term
 # came out nil and is not kept.
-# Fitted (10 logs, median |residual| 0.03 GiB, worst 0.06 GiB; c16, c10 and dp54 left out
-# as their notes say the figure holds more than the pool).
-GRAPH_BYTES_PER_LAYER_PIECEWISE: Final = 313 * KiB
-GRAPH_BYTES_PER_LAYER_FULL: Final = 19 * KiB
-GRAPH_BYTES_PER_LAYER_NCCL: Final = 201 * KiB
+# Fitted (13 logs, median |residual| 0.03 GiB, worst 0.13 GiB; c16, c10, dp54 and c08 left
+# out as their notes say the figure is not the pool alone, n13 for its negative figure).
+GRAPH_BYTES_PER_LAYER_PIECEWISE: Final = 295 * KiB
+GRAPH_BYTES_PER_LAYER_FULL: Final = 54 * KiB
+GRAPH_BYTES_PER_LAYER_NCCL: Final = 199 * KiB
 GRAPH_BYTES_PER_LAYER_AND_HIDDEN_EARLY_V1: Final = 244
 GRAPH_BYTES_PER_LAYER_V0: Final = 182 * KiB
 # Models with recurrent-state layers (Gated DeltaNet, Mamba) run those layers inside their
