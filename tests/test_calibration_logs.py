@@ -149,3 +149,27 @@ def test_verdict(replayed: dict[str, dict[str, Any]], point: dict[str, Any]) -> 
         pytest.skip("the log shows neither a failure nor a KV cache")
     fits = _estimate(replayed, point)["fits"]
     assert fits == (point.get("error") is None)
+
+
+def test_graph_constants_are_the_fit_of_bench_fit_graphs() -> None:
+    """The per-layer graph constants in memory/profile.py are what bench/fit_graphs.py's
+    least squares gives on these logs (within 10%): a log added to the set, or a change to
+    the graph counts, that moves the fit shows here rather than leaving the code on an
+    older one."""
+    import numpy as np
+
+    from oominfer.memory import profile
+
+    fit = load_script("bench/fit_graphs.py")
+    data = fit.rows(LOGS)
+    coef = fit.nnls(np.array([f for _, f, _ in data]), np.array([m for _, _, m in data]))
+    code = {
+        "PIECEWISE": profile.GRAPH_BYTES_PER_LAYER_PIECEWISE,
+        "FULL": profile.GRAPH_BYTES_PER_LAYER_FULL,
+        "NCCL": profile.GRAPH_BYTES_PER_LAYER_NCCL,
+        "EARLY_V1": profile.GRAPH_BYTES_PER_LAYER_AND_HIDDEN_EARLY_V1,
+        "V0": profile.GRAPH_BYTES_PER_LAYER_V0,
+    }
+    assert len(data) >= 13
+    for name, fitted in zip(fit.NAMES, coef, strict=True):
+        assert code[name] == pytest.approx(fitted, rel=0.10), (name, fitted)
