@@ -445,9 +445,10 @@ def test_estimate_names_the_utilization_that_starts() -> None:
     assert "--gpu-memory-utilization 0.96" in doc["ways_out"]
 
 
-def test_an_install_without_flashinfer_is_said_in_the_engine_version() -> None:
-    """0.10's image samples with FlashInfer's kernel; a pip install without it sorts 1,024
-    rows of 151,936 logits on an H100: about 3 GiB less KV cache, as the H200 log shows."""
+def test_the_install_is_said_in_the_engine_version() -> None:
+    """0.10's image samples with FlashInfer's kernel; a pip install (a bare number) sorts
+    1,024 rows of 151,936 logits on an H100: about 3 GiB less KV cache, as the H200 log
+    shows."""
 
     def kv(version: str) -> int:
         result = invoke("estimate", "Qwen/Qwen3-8B", "--gpu", "H100", "--max-model-len",
@@ -455,5 +456,7 @@ def test_an_install_without_flashinfer_is_said_in_the_engine_version() -> None:
         assert result.exit_code == 0, result.output
         return int(json.loads(result.stdout)["per_gpu"]["kv_cache_bytes"])
 
-    image, pip = kv("0.10.2"), kv("0.10.2 no FlashInfer")
-    assert (image - pip) / 2**30 == pytest.approx(1024 * 151936 * 22 / 2**30, rel=0.02)
+    image, pip = kv("0.10.2 docker"), kv("0.10.2")
+    assert kv("0.10.2 (image vllm/vllm-openai:v0.10.2)") == image
+    assert kv("0.10.2 no FlashInfer") == kv("0.10.2 pip") == pip
+    assert (image - pip) / 2**30 == pytest.approx(1024 * 151936 * 24 / 2**30, rel=0.02)

@@ -351,13 +351,16 @@ def test_the_release_is_read_from_any_spelling() -> None:
 @pytest.mark.parametrize(
     ("version", "per_logit"),
     [
-        ("0.9.2", 34),  # FlashInfer's sampler off for FlashInfer >= 0.2.3: PyTorch's sort
-        ("0.10.2", 12),  # the project's image carries FlashInfer: its sampling kernel
-        ("0.10.2 (pip; FlashInfer is not available)", 34),  # the log's own warning
-        ("0.11.0", 12),
-        ("0.11.0 without FlashInfer", 34),
-        ("0.13.0", 34),  # PR #26859 turned FlashInfer's sampler off by default
-        ("0.13.0 without FlashInfer", 34),
+        ("0.9.2", 36),  # FlashInfer's sampler off for FlashInfer >= 0.2.3: PyTorch's sort
+        ("0.10.2 (docker)", 12),  # the image carries FlashInfer: its sampling kernel
+        ("0.10.2 (image vllm/vllm-openai:v0.10.2)", 12),
+        ("0.10.2", 36),  # a bare number: a pip install, without FlashInfer then
+        ("0.10.2 (pip; FlashInfer is not available)", 36),  # the log's own warning
+        ("0.11.0 vllm-openai", 12),
+        ("0.11.0 without FlashInfer", 36),
+        ("0.11.1", 12),  # FlashInfer a dependency again (PR #26443)
+        ("0.13.0", 36),  # PR #26859 turned FlashInfer's sampler off by default
+        ("0.13.0 without FlashInfer", 36),
         ("0.19.0", 12),  # the Triton top-k/top-p kernel, then FlashInfer's again
         ("0.32.0", 0),  # the V2 runner's dummy sampler keeps only the logits
     ],

@@ -68,8 +68,9 @@ ENGINE = click.option(
 ENGINE_VERSION = click.option(
     "--engine-version", metavar="X.Y",
     help="The vLLM release to plan for: its memory profile and rules (default: the "
-    "installed vLLM, else the latest release). A pip install of 0.10-0.11.0 without "
-    "FlashInfer samples differently: say so, e.g. '0.10.2 no FlashInfer'.",
+    "installed vLLM, else the latest release). Before 0.12 the Docker image holds less than "
+    "a pip install (FlashInfer, triton_kernels): a bare number means pip; name the image, "
+    "e.g. '0.10.2 docker'.",
 )  # fmt: skip
 AUTO: Final = -1
 """``--max-model-len auto`` (vLLM's spelling, also ``-1``): the longest context that fits."""

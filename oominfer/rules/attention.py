@@ -102,6 +102,15 @@ V0_CAPTURE_LIMIT: Final = 256
 256, those up to max_num_seqs."""
 
 
+OLD_CAPTURE_LIMIT: Final = 512
+"""The largest graph of 0.8-0.11's default list."""
+
+
+def _gpt_oss_list(top: int) -> list[int]:
+    """[1, 2, 4] + range(8, 256, 8) + range(256, top + 1, 16), up to ``top``."""
+    return [s for s in (1, 2, 4, *range(8, 256, 8), *range(256, top + 1, 16)) if s <= top]
+
+
 def _old_list(top: int) -> list[int]:
     """The capture list of 0.8-0.11 (vllm/config.py, before 0.12): [1, 2, 4] + multiples of 8."""
     return [s for s in (1, 2, 4, *range(8, top + 1, 8)) if s <= top]
@@ -133,8 +142,16 @@ def graph_counts(
     if not version.v1:
         return len([s for s in _old_list(V0_CAPTURE_LIMIT) if s <= max_num_seqs]), 0
     if version.release < (0, 12):
-        piecewise = len(_old_list(min(largest, max_num_batched_tokens)))
         with_full = version.release >= (0, 11) or (recurrent and version.hybrid_full_graphs)
+        if largest > OLD_CAPTURE_LIMIT:
+            # gpt-oss's own list (model_executor/models/config.py): step 16 past 256, up to
+            # 992 ("the max supported size" of FA3's full graphs: "from 67 to 81" graphs)
+            # until PR #27840 (0.11.1) lifted it; a 0.11.2 log captures 83 up to 1,024.
+            top = largest if (*version.release, version.patch) >= (0, 11, 1) else 992
+            sizes = _gpt_oss_list(min(top, max_num_batched_tokens))
+            full = len([s for s in sizes if s <= max_num_seqs]) if with_full else 0
+            return len(sizes), full
+        piecewise = len(_old_list(min(largest, max_num_batched_tokens)))
         full = len(_old_list(min(largest, max_num_seqs))) if with_full else 0
         return piecewise, full
     sizes = capture_size_list(max_num_seqs, max_num_batched_tokens, largest=largest)

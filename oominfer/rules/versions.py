@@ -29,6 +29,34 @@ def release_of(version: str) -> tuple[int, int] | None:
 
 
 HopperMxfp4 = Literal["marlin", "triton", "triton_swizzled"]
+Install = Literal["image", "pip"]
+
+_PIP = re.compile(
+    r"\bpip\b|\bconda\b|\bvenv\b|\buv\b|\bwheel\b|(no|without) flashinfer"
+    r"|flashinfer is not available|marlin backend"
+)
+_IMAGE = re.compile(r"docker|image|vllm-openai|container|\.nv\d|\+g[0-9a-f]{7}")
+DEFAULT_INSTALL: Install = "pip"
+"""The install a bare release number means. Only 0.10-0.11 differ, where a pip install holds
+more: its sampler sorts (up to 4 GiB more at 1,024 rows of a 200k vocabulary) and gpt-oss
+runs on Marlin on Hopper (65.97 GiB against 60.7-64.4). Every gpt-oss-120b failure found on
+one H100 (vllm issues #23278, #27508: "Available KV cache memory: -2.14 / -2.28 / 1.71
+GiB") adds up only as a pip install, and an estimate should not call FITS what such an
+install refuses; an image that holds less is then estimated short by that much (the
+public calibration logs' n13 and c16: 5-9% of their KV cache)."""
+
+
+def install_of(version: str) -> Install:
+    """How the vLLM a version text describes was installed: "pip" where it says so (pip,
+    conda, a venv, uv; "no FlashInfer", the log's own "FlashInfer is not available" or
+    "Using Marlin backend" for MXFP4 on Hopper), "image" where it names an image or a
+    container (or a source build, ``+g<commit>``), else ``DEFAULT_INSTALL``."""
+    text = version.lower()
+    if _PIP.search(text):
+        return "pip"
+    if _IMAGE.search(text):
+        return "image"
+    return DEFAULT_INSTALL
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -36,6 +64,8 @@ class EngineVersion:
     """What changed between vLLM releases that moves the memory split."""
 
     release: tuple[int, int]
+    patch: int = 0
+    """The patch release (0.11.1: 1), where a change landed in one."""
     v1: bool
     """The V1 engine (0.8+); V0 profiled differently and kept no null block."""
     graphs_in_budget: bool
@@ -53,9 +83,10 @@ class EngineVersion:
     profiled a forward pass over max(max_model_len, max_num_batched_tokens) tokens."""
     hopper_mxfp4: HopperMxfp4 = "triton_swizzled"
     """How MXFP4 MoE experts run on Hopper (model_executor/layers/quantization/mxfp4.py
-    ``get_mxfp4_backend``): "marlin" before 0.10.2 (the Triton kernels need torch 2.8),
-    "triton" in 0.10.2-0.11.0 (torch 2.8.0: unswizzled, "Mxfp4 on hopper is running on
-    torch < 2.8.1"), "triton_swizzled" from 0.11.1 (torch 2.9)."""
+    ``get_mxfp4_backend``): "marlin" before 0.10.2 (the Triton kernels need torch 2.8) and
+    wherever triton_kernels is not installed (a pip install before 0.12: "Using Marlin
+    backend"), "triton" in 0.10.2-0.11.0 (torch 2.8.0: unswizzled, "Mxfp4 on hopper is
+    running on torch < 2.8.1"), "triton_swizzled" from 0.11.1 (torch 2.9)."""
     hybrid_full_graphs: bool = True
     """Models with recurrent-state layers (Mamba, Gated DeltaNet) capture FULL decode graphs
     besides the PIECEWISE ones from 0.10.2 (PR #22594, "Enable Full CUDA graph by default
@@ -73,11 +104,14 @@ class EngineVersion:
     """0.33: Qwen GDN hybrids keep a prefill checkpoint block under prefix caching when the
     FlashInfer GDN prefill runs (Hopper): 3 state blocks per request instead of 2
     (model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py)."""
+    install: Install = "image"
+    """How vLLM was installed (``install_of``): the release's Docker image, which carries
+    FlashInfer and OpenAI's triton_kernels, or a pip wheel, which lacked FlashInfer before
+    0.11.1 (PR #21959 made it an extra, PR #26443 a dependency again) and triton_kernels
+    before 0.12 (PR #28788)."""
     flashinfer: bool = True
-    """FlashInfer is installed, as in the project's images (and every CUDA wheel from
-    0.11.1, PR #26443); False where the version text says a pip install without it ("no
-    FlashInfer", or the log's own "FlashInfer is not available"): 0.10-0.11's sampler then
-    sorts (``sampler_bytes_per_logit_fp32``)."""
+    """FlashInfer is installed: the image, or any install from 0.11.1. Without it 0.10-0.11's
+    sampler sorts (``sampler_bytes_per_logit_fp32``)."""
     snapshot_after_nccl: bool = False
     """0.11+: the worker takes its start-up memory snapshot after NCCL is initialised (PR
     #25359), so NCCL's init-time buffers are no longer free when vLLM checks that
@@ -96,8 +130,12 @@ class EngineVersion:
         release = parts[:2]
         # "V0 engine", "(V0)"; not the "v0.10.0" of a version number.
         v1 = release >= (0, 8) and not re.search(r"\bv0\b(?!\.)", version.lower())
+        install = install_of(version)
         return cls(
-            hopper_mxfp4=_hopper_mxfp4(parts),
+            patch=parts[2],
+            install=install,
+            flashinfer=install == "image" or parts >= (0, 11, 1),
+            hopper_mxfp4=_hopper_mxfp4(parts, triton_kernels=install == "image"),
             hybrid_full_graphs=v1 and parts >= (0, 10, 2),
             release=release,
             v1=v1,
@@ -109,9 +147,6 @@ class EngineVersion:
             mla_workspace_in_profile=release >= (0, 33),
             gdn_checkpoint_blocks=release >= (0, 33),
             snapshot_after_nccl=v1 and release >= (0, 11),
-            flashinfer=not re.search(
-                r"(no|without) flashinfer|flashinfer is not available", version.lower()
-            ),
         )
 
     @property
@@ -134,8 +169,10 @@ class EngineVersion:
         The dummy run asks for top-k and top-p together, so the path taken decides:
         - PyTorch's sort (v1/sample/ops/topk_topp_sampler.py ``apply_top_k_top_p``): the
           fp32 logits, sorted values and int64 indices, the radix sort's scratch of both,
-          the softmax and the masks, about 34 bytes (PR #32558 measured 1.25 GB at 256 x
-          131,072, 37 bytes a logit). 0.8-0.9 (FlashInfer's sampler off for FlashInfer
+          the softmax and the masks, 36 bytes (PR #32558 measured 1.25 GB at 256 x
+          131,072, 37 bytes a logit; the logs that sort imply 34-36.5, median 36: dp37 and
+          c13 34-35, c17 36, gpt-oss-120b's 201,088-logit rows in tests/data/calibration/
+          extra_gpu_logs.jsonl x02-x04 35.6-36.3). 0.8-0.9 (FlashInfer's sampler off for FlashInfer
           >= 0.2.3 until PR #15777) and 0.12-0.15 (PR #26859 turned it off by default).
         - FlashInfer's ``top_k_top_p_sampling_from_logits`` (0.10-0.11 where FlashInfer is
           installed, ``flashinfer``): the fp32 logits, their top-k-masked copy and the
@@ -145,24 +182,25 @@ class EngineVersion:
           The 0.10 logs split that way: c12 (a 0.10 build, 0.45 GiB profiled), c14 and c21
           (the v0.10.2 image; c21's peak is the speculative rejection sampler's sort over
           the same rows) take FlashInfer's path; a pip 0.10.2 on two H200s that warns so,
-          and c13 (0.10.2, 1.40 GiB), the sort. Unless told, the rule follows the image,
-          which is what oominfer's own manifests run.
+          and c13 (0.10.2, 1.40 GiB), the sort. Unless the version text says which
+          (``install_of``), a pip install is assumed.
         - 0.16-0.31: the Triton top-k/top-p kernel (PR #33538, February 2026), then from
           PR #40376 FlashInfer's again: the fp32 logits, the probabilities and, on the
           Triton path, ``random_sample``'s exponential noise of the same shape, 12 bytes.
         - 0.32+: the V2 model runner's dummy sampler keeps only the logits.
         V0's sampler (whose profiling is fitted apart) keeps 12.
-        Checked on the logs of bench/calibration.py: dp37 (0.9), c13 (0.10.2) and c17
-        (0.15) need 33-37; c12 and c14 (0.10), c16 (0.11), c03 (0.19) and c18 (0.26) 11-13.
+        Checked on the logs of bench/calibration.py: dp37 (0.9), c13 (0.10.2), c17 (0.15)
+        and x02-x04 (0.10-0.11, pip) need 33-37; c12 and c14 (0.10), c16 (0.11), c03 (0.19)
+        and c18 (0.26) 11-13.
         """
         if self.model_runner_v2:
             return 0
         if not self.v1:
             return 12
         if (0, 12) <= self.release < (0, 16) or self.release < (0, 10):
-            return 34
+            return 36
         if self.release < (0, 12) and not self.flashinfer:
-            return 34
+            return 36
         return 12
 
     def rejection_sampler_bytes_per_logit(self, dtype_size: int) -> int:
@@ -184,9 +222,10 @@ class EngineVersion:
         return target + 8
 
 
-def _hopper_mxfp4(release: tuple[int, int, int]) -> HopperMxfp4:
-    """``EngineVersion.hopper_mxfp4`` of a (major, minor, patch) release."""
-    if release < (0, 10, 2):
+def _hopper_mxfp4(release: tuple[int, int, int], *, triton_kernels: bool) -> HopperMxfp4:
+    """``EngineVersion.hopper_mxfp4`` of a (major, minor, patch) release; ``triton_kernels``:
+    the install carries OpenAI's triton_kernels whatever the release (the image)."""
+    if release < (0, 10, 2) or not (triton_kernels or release >= (0, 12, 0)):
         return "marlin"
     return "triton" if release < (0, 11, 1) else "triton_swizzled"
 
