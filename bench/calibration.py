@@ -67,6 +67,7 @@ SAME_ARCHITECTURE: dict[str, str] = {
     # Qwen3-Next-80B-A3B's Instruct and Thinking checkpoints share every shape (48 hybrid
     # layers x 2048, 512 experts, vocab 151936) and the BF16 format.
     "Qwen3-Next-80B-A3B (variant not named": "Qwen/Qwen3-Next-80B-A3B-Thinking",
+    "Qwen/Qwen3-Next-80B-A3B-Instruct": "Qwen/Qwen3-Next-80B-A3B-Thinking",
 }
 
 
@@ -194,7 +195,11 @@ def inputs(
         max_num_batched_tokens=point.get("max_num_batched_tokens"),
         enforce_eager=bool(point.get("enforce_eager")),
         tensor_parallel_size=tp,
-        enable_expert_parallel="--enable-expert-parallel" in (point.get("quote") or ""),
+        enable_expert_parallel=bool(
+            re.search(
+                r"--enable-expert-parallel|'enable_expert_parallel': True", point.get("quote") or ""
+            )
+        ),
         speculative_config=_quoted_flag(point, "--speculative-config"),
         enable_prefix_caching=point.get("enable_prefix_caching"),
     )
@@ -248,7 +253,18 @@ def replay(point: dict[str, Any]) -> dict[str, Any]:
         tokens = point["gpu_blocks"] * (point.get("block_size") or 16)
     kv_gib = point.get("kv_cache_gib")
     overridden = "num-gpu-blocks-override" in (point.get("quote") or "")
-    if gpu is not None and kv_gib is not None and kv_gib > 0 and tokens and not overridden:
+    # A hybrid's "GPU KV cache size" is num_blocks // groups x block_size (v1/core/
+    # kv_cache_utils.py), a quarter of what Qwen3-Next's attention layers hold: its bytes per
+    # printed token are not the bytes one token adds.
+    hybrid = bool(spec.state_layers)
+    if (
+        gpu is not None
+        and kv_gib is not None
+        and kv_gib > 0
+        and tokens
+        and not overridden
+        and not hybrid
+    ):
         # (--num-gpu-blocks-override sets the token count whatever the KV bytes are.)
         # vLLM rounds the GiB it prints to 0.01: the per-token bytes are exact when the
         # estimate lies within that rounding.

@@ -66,6 +66,9 @@ XFAIL: dict[tuple[str, str], str] = {
     ("c19", "activation"): "Model Runner V2 (0.25.1+ for dense models), which the model "
     "follows only from 0.32, and a GPU shared with Ollama",
     ("dp54", "cuda_graphs"): "LoRA's Punica buffers are captured with the graphs",
+    ("y01", "cuda_graphs"): "eight PCIe GPUs: NCCL's all-reduces captured into every graph "
+    "hold more at 8 ranks than the per-layer term fitted at TP 4 (c05): 2.97 GiB estimated "
+    "vs 3.45",
     ("c08", "cuda_graphs"): "0.9.0.1's pool for this multimodal model's 28 x 3584 language "
     "model was 76 B per layer, hidden and graph where the other early-V1 logs at the same 67 "
     "sizes show 144-257 B (c06, dp37, c10, c11; bench/fit_graphs.py leaves it out): 1.53 GiB "
