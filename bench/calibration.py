@@ -202,6 +202,7 @@ def inputs(
         ),
         speculative_config=_quoted_flag(point, "--speculative-config"),
         enable_prefix_caching=point.get("enable_prefix_caching"),
+        kv_cache_dtype=_kv_dtype(point.get("kv_cache_dtype")),  # type: ignore[arg-type]
     )
     gpu = _gpu(point)
     # A GPU the point does not name stands in as an 80 GB A100 on PCIe: no NVLink is assumed.
@@ -214,6 +215,14 @@ def inputs(
     if quantized is not None:
         spec = dataclasses.replace(spec, quantization=quantized[1], checkpoint=Checkpoint())
     return spec, hw, settings, _version(point)
+
+
+def _kv_dtype(text: str | None) -> str:
+    """The log's --kv-cache-dtype ("fp8 (fp8_e4m3, scale 1.0)" -> "fp8_e4m3"), else auto."""
+    for name in ("fp8_e4m3", "fp8_e5m2", "fp8", "bfloat16", "float16"):
+        if name in (text or ""):
+            return name
+    return "auto"
 
 
 def _as_printed(est: dict[str, Any], version: EngineVersion) -> float:

@@ -66,6 +66,11 @@ XFAIL: dict[tuple[str, str], str] = {
     ("c19", "activation"): "Model Runner V2 (0.25.1+ for dense models), which the model "
     "follows only from 0.32, and a GPU shared with Ollama",
     ("dp54", "cuda_graphs"): "LoRA's Punica buffers are captured with the graphs",
+    ("x09", "kv_cache"): "Qwen3-30B-A3B-FP8 on a GB10 (unified memory, 0.13): 1.3 GiB "
+    "more held beside the weights than estimated, where the dense FP8 x13 on the same "
+    "machine is within 0.6 GiB: 5.31 GiB estimated vs 4.04",
+    ("x09", "cuda_graphs"): "the same MoE's 51 + 35 graphs took 1.28 GiB on the GB10, where "
+    "the per-layer terms fitted on discrete GPUs give 0.78",
     ("y01", "cuda_graphs"): "eight PCIe GPUs: NCCL's all-reduces captured into every graph "
     "hold more at 8 ranks than the per-layer term fitted at TP 4 (c05): 2.97 GiB estimated "
     "vs 3.45",

@@ -49,6 +49,32 @@ def test_a_driver_that_fails_midway_is_quiet(monkeypatch: pytest.MonkeyPatch) ->
     assert detect.detect_gpus() == []
 
 
+def test_a_gpu_without_an_nvml_memory_total_is_read_from_the_catalog(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The GB10 (DGX Spark) shares its memory with the CPU: NVML's device memory query
+    answers "Not Supported" there (nvidia-smi prints it for memory). Simulated: the machine
+    that runs the tests has no GB10."""
+    import pynvml
+
+    def not_supported(_handle: object) -> None:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    monkeypatch.setattr(pynvml, "nvmlInit", lambda: None)
+    monkeypatch.setattr(pynvml, "nvmlShutdown", lambda: None)
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetCount", lambda: 2)
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetHandleByIndex", lambda i: i)
+    names = {0: "NVIDIA GB10", 1: "NVIDIA Unknown Part"}
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetName", lambda i: names[i])
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetMemoryInfo", not_supported)
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetCudaComputeCapability", lambda i: (12, 1))
+    # An unknown part without a memory total is left out rather than guessed at.
+    (gpu,) = detect.detect_gpus()
+    assert gpu.name == "GB10" and gpu.free_bytes is None
+    assert gpu.cuda_total_bytes == find_gpu("GB10").cuda_total_bytes == 128_538_451_968
+    assert gpu.compute_capability == (12, 1)
+
+
 @pytest.fixture
 def busy_l4(monkeypatch: pytest.MonkeyPatch) -> None:
     import dataclasses

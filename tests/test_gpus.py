@@ -76,8 +76,10 @@ def test_catalog_is_complete() -> None:
     assert len({g.name for g in gpus}) == len(gpus)
     for g in gpus:
         assert g.memory_bytes >= 8 * GiB, g.name
-        # CUDA reports less than NVML: the driver keeps a few hundred MiB.
-        assert 0.95 * g.memory_bytes < g.cuda_total_bytes < g.memory_bytes, g.name
+        # CUDA reports less than NVML: the driver keeps a few hundred MiB. The GB10 shares
+        # its 128 GiB with the CPU (NVML reports none), and CUDA sees 119.7 of it.
+        low = 0.93 if g.name == "GB10" else 0.95
+        assert low * g.memory_bytes < g.cuda_total_bytes < g.memory_bytes, g.name
         major, minor = g.compute_capability
         assert (7, 0) <= (major, minor) <= (12, 9), g.name
         assert g.product_label, g.name  # e.g. NVIDIA-L4, Tesla-T4 (GPU feature discovery)

@@ -24,14 +24,21 @@ def detect_gpus() -> list[GpuSpec]:
             handle = pynvml.nvmlDeviceGetHandleByIndex(i)
             name = pynvml.nvmlDeviceGetName(handle)
             name = name.decode() if isinstance(name, bytes) else str(name)
-            info = pynvml.nvmlDeviceGetMemoryInfo(handle)
-            memory = int(info.total)
             major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(handle)
             try:
-                known = find_gpu(name)
-                cuda_total = known.cuda_total_bytes if known.memory_bytes == memory else None
+                known: GpuSpec | None = find_gpu(name)
             except UnknownGpuError:
-                known, cuda_total = None, None
+                known = None
+            try:
+                info = pynvml.nvmlDeviceGetMemoryInfo(handle)
+                memory, free = int(info.total), int(info.free)
+            except pynvml.NVMLError:
+                # Integrated parts (the GB10 of a DGX Spark) share their memory with the CPU
+                # and NVML answers "Not Supported": the catalog's totals, nothing on free.
+                if known is None:
+                    continue
+                memory, free = known.memory_bytes, None
+            cuda_total = known.cuda_total_bytes if known and known.memory_bytes == memory else None
             found.append(
                 GpuSpec(
                     name=known.name if known else name,
@@ -40,7 +47,7 @@ def detect_gpus() -> list[GpuSpec]:
                     compute_capability=(int(major), int(minor)),
                     product_label=known.product_label if known else name.replace(" ", "-"),
                     marketing_name=name,
-                    free_bytes=int(info.free),
+                    free_bytes=free,
                     # The datasheet figures the speed model reads come from the catalog.
                     memory_bandwidth_gbps=known.memory_bandwidth_gbps if known else None,
                     tflops_16bit=known.tflops_16bit if known else None,

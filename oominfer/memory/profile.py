@@ -161,13 +161,17 @@ CPU_RUNTIME_BYTES: Final = 2 * GiB
 def vllm_defaults(hardware: Hardware, *, world_size: int = 1) -> tuple[int, int]:
     """vLLM's (max_num_batched_tokens, max_num_seqs) for its OpenAI server on this device.
 
-    vllm/engine/arg_utils.py ``_get_default_max_num_seqs_and_batched_tokens`` (0.32):
-    >= 160 GiB: (16384, 1024); >= 70 GiB and not an A100: (8192, 1024); else (2048, 256);
-    CPU: (2048 x world, 128 x world).
+    vllm/engine/arg_utils.py ``_get_default_max_num_seqs_and_batched_tokens`` (0.33):
+    >= 160 GiB: (16384, 1024); >= 70 GiB and not an A100 nor a GB10: (8192, 1024); else
+    (2048, 256); CPU: (2048 x world, 128 x world). The GB10 (compute capability 12.1) is
+    kept on the small tier explicitly in 0.33; before, NVML's memory query failed on it and
+    the tiers saw 0 bytes (GB10 logs of 0.13 and 0.18 print max_num_batched_tokens=2048).
     """
     gpu = hardware.gpu
     if hardware.is_cpu:
         return 2048 * world_size, 128 * world_size
+    if gpu.compute_capability == (12, 1):
+        return 2048, 256
     if gpu.cuda_total_bytes >= 160 * GiB:
         return 16384, 1024
     if gpu.cuda_total_bytes >= 70 * GiB and "a100" not in gpu.name.lower():
