@@ -359,6 +359,7 @@ def test_the_release_is_read_from_any_spelling() -> None:
         ("0.11.0 vllm-openai", 12),
         ("0.11.0 without FlashInfer", 36),
         ("0.11.1", 12),  # FlashInfer a dependency again (PR #26443)
+        ("0.11.0 (with flashinfer, no triton_kernels)", 12),  # as vllm_release() says it
         ("0.13.0", 36),  # PR #26859 turned FlashInfer's sampler off by default
         ("0.13.0 without FlashInfer", 36),
         ("0.19.0", 12),  # the Triton top-k/top-p kernel, then FlashInfer's again
@@ -377,3 +378,28 @@ def test_the_rejection_sampler_sorts_model_dtype_logits_before_the_triton_kernel
     after."""
     assert EngineVersion.parse("0.10.2").rejection_sampler_bytes_per_logit(2) == 30
     assert EngineVersion.parse("0.19.0").rejection_sampler_bytes_per_logit(2) == 10
+
+
+def test_the_installed_vllm_says_what_is_installed_beside_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Before 0.12 the install decides the sampler and gpt-oss's kernel on Hopper: the
+    installed release is read with what sits beside it (package metadata, no import)."""
+    from importlib import metadata
+
+    from oominfer.rules import installed
+
+    present = {"vllm": "0.11.0", "flashinfer-python": "0.3.1"}
+
+    def version(name: str) -> str:
+        if name not in present:
+            raise metadata.PackageNotFoundError(name)
+        return present[name]
+
+    monkeypatch.setattr(installed.metadata, "version", version)
+    text = installed.vllm_release()
+    assert text == "0.11.0 (with flashinfer, no triton_kernels)"
+    rules = EngineVersion.parse(text)
+    assert rules.flashinfer and rules.hopper_mxfp4 == "marlin"
+    present["vllm"] = "0.13.0"
+    assert installed.vllm_release() == "0.13.0"

@@ -134,8 +134,10 @@ class EngineVersion:
         return cls(
             patch=parts[2],
             install=install,
-            flashinfer=install == "image" or parts >= (0, 11, 1),
-            hopper_mxfp4=_hopper_mxfp4(parts, triton_kernels=install == "image"),
+            flashinfer=_carries("flashinfer", version, install == "image" or parts >= (0, 11, 1)),
+            hopper_mxfp4=_hopper_mxfp4(
+                parts, triton_kernels=_carries("triton_kernels", version, install == "image")
+            ),
             hybrid_full_graphs=v1 and parts >= (0, 10, 2),
             release=release,
             v1=v1,
@@ -220,6 +222,16 @@ class EngineVersion:
         if self.v1 and self.release < (0, 16):
             return target + 2 * dtype_size + 24
         return target + 8
+
+
+def _carries(package: str, version: str, default: bool) -> bool:
+    """Whether the install a version text describes carries ``package``: "with <package>"
+    or "no / without <package>" (``rules.installed.vllm_release`` says so of the vLLM
+    installed here), else ``default``."""
+    text = version.lower()
+    if re.search(rf"(no|without) {package}|{package} is not available", text):
+        return False
+    return bool(re.search(rf"with {package}", text)) or default
 
 
 def _hopper_mxfp4(release: tuple[int, int, int], *, triton_kernels: bool) -> HopperMxfp4:
