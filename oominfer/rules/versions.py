@@ -43,7 +43,7 @@ runs on Marlin on Hopper (65.97 GiB against 60.7-64.4). Every gpt-oss-120b failu
 one H100 (vllm issues #23278, #27508: "Available KV cache memory: -2.14 / -2.28 / 1.71
 GiB") adds up only as a pip install, and an estimate should not call FITS what such an
 install refuses; an image that holds less is then estimated short by that much (the
-public calibration logs' n13 and c16: 5-9% of their KV cache)."""
+public calibration logs' n13 and c16: 5-10% of their KV cache)."""
 
 
 def install_of(version: str) -> Install:
