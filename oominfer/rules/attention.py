@@ -106,8 +106,9 @@ OLD_CAPTURE_LIMIT: Final = 512
 """The largest graph of 0.8-0.11's default list."""
 
 
-def _gpt_oss_list(top: int) -> list[int]:
-    """[1, 2, 4] + range(8, 256, 8) + range(256, top + 1, 16), up to ``top``."""
+def _stepped_list(top: int) -> list[int]:
+    """[1, 2, 4] + range(8, 256, 8) + range(256, top + 1, 16), up to ``top``: 0.12+'s list,
+    and gpt-oss's own before."""
     return [s for s in (1, 2, 4, *range(8, 256, 8), *range(256, top + 1, 16)) if s <= top]
 
 
@@ -148,7 +149,7 @@ def graph_counts(
             # 992 ("the max supported size" of FA3's full graphs: "from 67 to 81" graphs)
             # until PR #27840 (0.11.1) lifted it; a 0.11.2 log captures 83 up to 1,024.
             top = largest if (*version.release, version.patch) >= (0, 11, 1) else 992
-            sizes = _gpt_oss_list(min(top, max_num_batched_tokens))
+            sizes = _stepped_list(min(top, max_num_batched_tokens))
             full = len([s for s in sizes if s <= max_num_seqs]) if with_full else 0
             return len(sizes), full
         piecewise = len(_old_list(min(largest, max_num_batched_tokens)))
@@ -168,11 +169,7 @@ def capture_size_list(
     top = min(2 * max_num_seqs, largest)
     decode = [max_num_seqs] if max_num_seqs <= top else []
     top = min(max_num_batched_tokens, top)
-    sizes = {s for s in (1, 2, 4) if s <= top}
-    if top >= 8:
-        sizes |= set(range(8, min(top + 1, 256), 8))
-    if top >= 256:
-        sizes |= set(range(256, top + 1, 16))
+    sizes = set(_stepped_list(top))
     if max_num_batched_tokens <= top:
         sizes.add(max_num_batched_tokens)
     sizes |= {s for s in decode if s <= max_num_batched_tokens}

@@ -36,6 +36,8 @@ _PIP = re.compile(
     r"|flashinfer is not available|marlin backend"
 )
 _IMAGE = re.compile(r"docker|image|vllm-openai|container|\.nv\d|\+g[0-9a-f]{7}")
+SORT_BYTES_PER_LOGIT: Final = 36
+"""What PyTorch's top-k/top-p sort holds per fp32 logit (``sampler_bytes_per_logit_fp32``)."""
 DEFAULT_INSTALL: Install = "pip"
 """The install a bare release number means. Only 0.10-0.11 differ, where a pip install holds
 more: its sampler sorts (up to 4 GiB more at 1,024 rows of a 200k vocabulary) and gpt-oss
@@ -47,7 +49,10 @@ public calibration logs' n13 and c16: 5-10% of their KV cache)."""
 
 
 def install_of(version: str) -> Install:
-    """How the vLLM a version text describes was installed: "pip" where it says so (pip,
+    """How the vLLM a version text describes was installed: the release's Docker image,
+    which carries FlashInfer and OpenAI's triton_kernels, or a pip wheel, which lacked
+    FlashInfer before 0.11.1 (PR #21959 made it an extra, PR #26443 a dependency again) and
+    triton_kernels before 0.12 (PR #28788). "pip" where the text says so (pip,
     conda, a venv, uv; "no FlashInfer", the log's own "FlashInfer is not available" or
     "Using Marlin backend" for MXFP4 on Hopper), "image" where it names an image or a
     container (or a source build, ``+g<commit>``), else ``DEFAULT_INSTALL``."""
@@ -104,14 +109,9 @@ class EngineVersion:
     """0.33: Qwen GDN hybrids keep a prefill checkpoint block under prefix caching when the
     FlashInfer GDN prefill runs (Hopper): 3 state blocks per request instead of 2
     (model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py)."""
-    install: Install = "image"
-    """How vLLM was installed (``install_of``): the release's Docker image, which carries
-    FlashInfer and OpenAI's triton_kernels, or a pip wheel, which lacked FlashInfer before
-    0.11.1 (PR #21959 made it an extra, PR #26443 a dependency again) and triton_kernels
-    before 0.12 (PR #28788)."""
     flashinfer: bool = True
-    """FlashInfer is installed: the image, or any install from 0.11.1. Without it 0.10-0.11's
-    sampler sorts (``sampler_bytes_per_logit_fp32``)."""
+    """FlashInfer is installed: the image, or any install from 0.11.1 (``install_of``).
+    Without it 0.10-0.11's sampler sorts (``sampler_bytes_per_logit_fp32``)."""
     snapshot_after_nccl: bool = False
     """0.11+: the worker takes its start-up memory snapshot after NCCL is initialised (PR
     #25359), so NCCL's init-time buffers are no longer free when vLLM checks that
@@ -133,7 +133,6 @@ class EngineVersion:
         install = install_of(version)
         return cls(
             patch=parts[2],
-            install=install,
             flashinfer=_carries("flashinfer", version, install == "image" or parts >= (0, 11, 1)),
             hopper_mxfp4=_hopper_mxfp4(
                 parts, triton_kernels=_carries("triton_kernels", version, install == "image")
@@ -199,10 +198,9 @@ class EngineVersion:
             return 0
         if not self.v1:
             return 12
-        if (0, 12) <= self.release < (0, 16) or self.release < (0, 10):
-            return 36
-        if self.release < (0, 12) and not self.flashinfer:
-            return 36
+        sorts = (0, 12) <= self.release < (0, 16) or self.release < (0, 10)
+        if sorts or (self.release < (0, 12) and not self.flashinfer):
+            return SORT_BYTES_PER_LOGIT
         return 12
 
     def rejection_sampler_bytes_per_logit(self, dtype_size: int) -> int:
