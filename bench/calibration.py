@@ -31,6 +31,7 @@ from oominfer.hardware.gpu import GpuSpec, find_gpu
 from oominfer.hardware.hardware import Hardware
 from oominfer.memory.estimate import estimate
 from oominfer.model.catalog import catalog_entry
+from oominfer.model.config import spec_from_config
 from oominfer.model.load import load_spec
 from oominfer.model.spec import Checkpoint, ModelSpec, QuantSpec
 from oominfer.rules.versions import EngineVersion
@@ -182,7 +183,8 @@ def inputs(
 ) -> tuple[ModelSpec, Hardware, EngineSettings, EngineVersion] | None:
     """What the estimator is given for a point: its model, GPU, flags and vLLM release
     (None when the catalog lacks the model)."""
-    model_id = _model_id(point.get("model_id"))
+    inline = point.get("config_json")
+    model_id = _model_id(point.get("model_id")) if inline is None else point["model_id"]
     if model_id is None:
         return None
     tp = point.get("tensor_parallel_size") or 1
@@ -207,7 +209,13 @@ def inputs(
     gpu = _gpu(point)
     # A GPU the point does not name stands in as an 80 GB A100 on PCIe: no NVLink is assumed.
     hw = Hardware(gpu=gpu or find_gpu("A100-PCIE-80GB"), count=max(tp, point.get("num_gpus") or 1))
-    spec = load_spec(model_id)
+    # A gathered log may carry its checkpoint's verbatim config.json (with "config_source"):
+    # the model is read from it, its parameters counted from the shapes.
+    spec = (
+        load_spec(model_id)
+        if inline is None
+        else spec_from_config(inline, model_id=model_id, source=point.get("config_source", ""))
+    )
     changes = _named(CONFIG_DIFFERENCES, point.get("model_id"))
     if changes:
         spec = dataclasses.replace(spec, **changes)  # type: ignore[arg-type]
