@@ -54,6 +54,8 @@ T = TypeVar("T")
 SAME_ARCHITECTURE: dict[str, str] = {
     # The 2507 refresh of the FP8 MoE: same config.json shapes and FP8 block scheme.
     "Qwen/Qwen3-235B-A22B-Instruct-2507-FP8": "Qwen/Qwen3-235B-A22B-FP8",
+    # The 2507 refresh of the 30B MoE in FP8: the same shapes and block scheme as Qwen3-30B-A3B-FP8.
+    "Qwen/Qwen3-30B-A3B-Instruct-2507-FP8": "Qwen/Qwen3-30B-A3B-FP8",
     # Math fine-tune of Qwen2.5-1.5B: same 28 x 1536 shapes, tied embeddings, vocab 151936.
     "Qwen/Qwen2.5-Math-1.5B": "Qwen/Qwen2.5-1.5B-Instruct",
     # Qwen2-7B and Qwen2.5-7B share every shape (28 x 3584, 4 KV heads, vocab 152064).
@@ -77,6 +79,8 @@ SAME_ARCHITECTURE: dict[str, str] = {
 CONFIG_DIFFERENCES: dict[str, dict[str, int]] = {
     # huggingface.co/Qwen/Qwen3-235B-A22B-Instruct-2507-FP8 config.json: native 256k context.
     "Qwen/Qwen3-235B-A22B-Instruct-2507-FP8": {"max_position_embeddings": 262144},
+    # huggingface.co/Qwen/Qwen3-30B-A3B-Instruct-2507-FP8 config.json: native 256k context.
+    "Qwen/Qwen3-30B-A3B-Instruct-2507-FP8": {"max_position_embeddings": 262144},
 }
 
 # Pre-quantized checkpoints of a model the catalog holds in 16 bits: the base's shapes with
@@ -126,7 +130,7 @@ def _gpu(point: dict[str, Any]) -> GpuSpec | None:
     """The GPU as vLLM saw it: its printed CUDA total, with the named GPU's capability."""
     named = None
     text = point.get("gpu_model") or ""
-    tokens = re.findall(r"(?:RTX \d{4}(?: Ada)?|[A-Z]\d{1,3}[A-Z]?(?:[- ]\w+)*)", text)
+    tokens = re.findall(r"\b(?:RTX \d{4}(?: Ada)?|[A-Z]\d{1,3}[A-Z]?(?:[- ]\w+)*)", text)
     # Then the bare product words ("L40S", "H100") when the longer runs name nothing.
     tokens += re.findall(r"\b[A-Z]+\d+[A-Z]*\b", text)
     for token in tokens:
@@ -197,6 +201,7 @@ def inputs(
         max_num_batched_tokens=point.get("max_num_batched_tokens"),
         enforce_eager=bool(point.get("enforce_eager")),
         tensor_parallel_size=tp,
+        pipeline_parallel_size=point.get("pipeline_parallel_size") or 1,
         enable_expert_parallel=bool(
             re.search(
                 r"--enable-expert-parallel|'enable_expert_parallel': True", point.get("quote") or ""
@@ -208,7 +213,10 @@ def inputs(
     )
     gpu = _gpu(point)
     # A GPU the point does not name stands in as an 80 GB A100 on PCIe: no NVLink is assumed.
-    hw = Hardware(gpu=gpu or find_gpu("A100-PCIE-80GB"), count=max(tp, point.get("num_gpus") or 1))
+    pp = point.get("pipeline_parallel_size") or 1
+    hw = Hardware(
+        gpu=gpu or find_gpu("A100-PCIE-80GB"), count=max(tp * pp, point.get("num_gpus") or 1)
+    )
     # A gathered log may carry its checkpoint's verbatim config.json (with "config_source"):
     # the model is read from it, its parameters counted from the shapes.
     spec = (

@@ -38,6 +38,10 @@ from oominfer.speed.performance import predict_burst
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_POINTS = ROOT.parent / "shared" / "calibration" / "throughput_points.jsonl"
+EXTRA_POINTS = ROOT / "tests" / "data" / "calibration" / "extra_throughput_points.jsonl"
+"""Published measurements gathered here beside the shared set (gpustack's performance lab,
+Qwen's speed benchmark, vLLM issues; each with its source): replayed the same way, reported
+apart."""
 
 # Mean prompt and output tokens of the datasets the sources name without stating lengths.
 # ShareGPT: benchmark_serving's sample of 1000 prompts holds 215,196 prompt tokens (t12's
@@ -69,6 +73,12 @@ STAND_INS: Final[dict[str, tuple[str, str | None]]] = {
     "mistralai/Mixtral-8x7B": ("mistralai/Mixtral-8x7B-v0.1", None),
     "deepseek-ai/DeepSeek-R1-0528": ("deepseek-ai/DeepSeek-R1", None),
     "DeepSeek-R1-0528-AWQ": ("deepseek-ai/DeepSeek-R1", "awq"),
+    # Qwen's own 4-bit checkpoints of catalog models (group 128).
+    "Qwen/Qwen3-8B-AWQ": ("Qwen/Qwen3-8B", "awq"),
+    "Qwen/Qwen3-14B-AWQ": ("Qwen/Qwen3-14B", "awq"),
+    "Qwen/Qwen2.5-14B-Instruct-AWQ": ("Qwen/Qwen2.5-14B-Instruct", "awq"),
+    "Qwen/Qwen2.5-14B-Instruct-GPTQ-Int4": ("Qwen/Qwen2.5-14B-Instruct", "gptq"),
+    "Qwen/Qwen2.5-72B-Instruct-AWQ": ("Qwen/Qwen2.5-72B-Instruct", "awq"),
 }
 # vLLM's benchmark_serving sends every prompt at once when no rate is given; the scheduler
 # then runs max_num_seqs of them (the default: 256 on these GPUs).
@@ -90,6 +100,8 @@ def _model(point: dict[str, Any]) -> tuple[str, str | None] | None:
 def _gpu(text: str) -> GpuSpec | None:
     """The GPU a source names: 'A100 80GB PCIe', 'H100 SXM 80GB (HBM3)', 'B200 (HGX)'."""
     t = text.upper()
+    if re.search(r"\bGB10\b", t):
+        return find_gpu("GB10")
     m = re.search(r"\b([ABHL]\d{1,3}S?G?|RTX \d{4})\b", t)
     if m is None:
         return None
@@ -151,6 +163,13 @@ def _lengths(point: dict[str, Any]) -> tuple[int, int, str]:
     fill = next((v for k, v in DATASET_LENGTHS.items() if k in dataset), (200, 128))
     how = "stated" if stated_in and stated_out else f"dataset default {fill}"
     return stated_in or fill[0], stated_out or fill[1], how
+
+
+def _spread(point: dict[str, Any], how: str) -> bool:
+    """Whether a burst's output lengths vary: a chat dataset's (ShareGPT: its stated lengths
+    are means) or lengths the source does not state; a random dataset's are fixed."""
+    dataset = (point.get("dataset") or "").lower()
+    return how != "stated" or "sharegpt" in dataset
 
 
 def _measured(point: dict[str, Any], output_len: int) -> dict[str, float | None]:
@@ -260,7 +279,7 @@ def replay(point: dict[str, Any]) -> dict[str, Any]:
     elif math.isinf(rate):
         perf = predict_burst(spec, gpu=gpu, settings=settings, breakdown=b, requests=prompts,
                              input_len=input_len, output_len=output_len,
-                             spread=how != "stated")  # fmt: skip
+                             spread=_spread(point, how))  # fmt: skip
     else:
         perf = at_rate(perf_at, rate, b.max_num_seqs, prompts)
     if perf is None:
@@ -321,15 +340,29 @@ def _cell(value: float | None, scale: float = 1.0) -> str:
 
 
 def main() -> int:
-    """Print the table and the summary (or --json)."""
+    """Print the table and the summary of each set of points (or --json)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--points", type=Path, default=DEFAULT_POINTS)
+    parser.add_argument(
+        "--points", type=Path, action="append",
+        help="a JSON Lines set of measurements (repeatable; default: the shared set, then "
+        "tests/data/calibration/extra_throughput_points.jsonl)",
+    )  # fmt: skip
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    rows = [replay(p) for p in load_points(args.points)]
+    paths = args.points or [DEFAULT_POINTS, EXTRA_POINTS]
     if args.json:
+        rows = [replay(p) for path in paths for p in load_points(path)]
         print(json.dumps({"rows": rows, "summary": summary(rows)}, indent=2))
         return 0
+    for path in paths:
+        print(f"# {path.name}")
+        report([replay(p) for p in load_points(path)])
+        print()
+    return 0
+
+
+def report(rows: list[dict[str, Any]]) -> None:
+    """The table of one set of points and its summaries."""
     print(f"{'id':4} {'tok/s pred/meas':>20} {'TPOT ms pred/meas':>20} {'TTFT ms pred/meas':>22}"
           "  bound   conc  model, GPU, lengths")  # fmt: skip
     for r in rows:
@@ -353,7 +386,6 @@ def main() -> int:
         for key, v in s.items():
             print(f"  {key:20} {v['points']:3} points  median |error| "
                   f"{v['median_abs_error']:.1%}  worst {v['worst_factor']:.2f}x")  # fmt: skip
-    return 0
 
 
 if __name__ == "__main__":

@@ -43,7 +43,10 @@ TODAY: dict[str, dict[str, float]] = {
     "t07": {"output_tokens_per_s": 0.935, "tpot_s": 1.054},
     "t08": {"output_tokens_per_s": 0.846, "tpot_s": 1.136},
     "t09": {"output_tokens_per_s": 1.185, "tpot_s": 0.844},
-    "t10": {"output_tokens_per_s": 1.103, "tpot_s": 0.907},
+    # At the tile floor (roofline.GEMM_MIN_TOKENS) this 4-bit single stream is bound by its
+    # weight reads; it had matched (1.103 / 0.907) only as compute-bound at 1/65 of the peak,
+    # where Qwen's own 4-bit single streams (u20, u21) came out at 0.65x.
+    "t10": {"output_tokens_per_s": 1.735, "tpot_s": 0.576},
     # Replayed with the deployment flags its notes give from the source's own manifest for
     # this model on an L4 (--max-num-seqs=16 --max-model-len=8192 --enforce-eager), which
     # its 285 tok/s at 54.8 ms TPOT (about 16 requests decoding at once) bear out; with
@@ -62,8 +65,9 @@ TODAY: dict[str, dict[str, float]] = {
     "t18": {"output_tokens_per_s": 1.044, "tpot_s": 0.776},
     "t19": {"output_tokens_per_s": 1.182, "tpot_s": 1.145},
     "t20": {"output_tokens_per_s": 1.116},
-    # A burst: the prompts of the requests that replace finished ones lengthen the steps.
-    "t21": {"output_tokens_per_s": 1.327, "tpot_s": 0.675},
+    # A burst, stepped through as the scheduler runs it (predict_burst): the TPOT of each
+    # request holds the prompt chunks computed beside it (0.675 as a token-weighted mean).
+    "t21": {"output_tokens_per_s": 1.329, "tpot_s": 0.839},
     "t22": {"output_tokens_per_s": 0.970, "tpot_s": 1.022},
     "t23": {"output_tokens_per_s": 2.870, "tpot_s": 0.348},
     "t31": {"output_tokens_per_s": 1.003, "tpot_s": 0.641},
@@ -76,6 +80,67 @@ TODAY: dict[str, dict[str, float]] = {
     # (1.074 before the latent-attention floor and the MoE read share).
     "t35": {"tpot_s": 2.337},
 }
+
+
+EXTRA = REPO / "tests" / "data" / "calibration" / "extra_throughput_points.jsonl"
+# The gathered measurements (bench/speed.py's second set), pinned the same way.
+TODAY_EXTRA: dict[str, dict[str, float]] = {
+    "u01": {"output_tokens_per_s": 0.969, "tpot_s": 1.059},
+    "u02": {"output_tokens_per_s": 0.993, "tpot_s": 1.052},
+    "u03": {"output_tokens_per_s": 1.018, "tpot_s": 1.062},
+    "u04": {"output_tokens_per_s": 1.08, "tpot_s": 1.038},
+    # Bursts of ShareGPT prompts (gpustack's performance lab): a request's TPOT is its own
+    # mean, and short ones live through the prompt-heavy first steps.
+    "u05": {"output_tokens_per_s": 1.263, "tpot_s": 0.532},
+    "u06": {"output_tokens_per_s": 1.213, "tpot_s": 0.836},
+    "u07": {"tpot_s": 0.989},
+    "u08": {"tpot_s": 1.708},
+    # A100 bursts whose 3.4 s mean TTFT says more than vLLM's default 256 ran at once.
+    "u09": {"tpot_s": 0.416},
+    "u10": {"tpot_s": 0.334},
+    "u11": {"tpot_s": 0.777},
+    # MoE prompt throughput (roofline.MOE_COMPUTE_SHARE, MOE_HALF_WIDTH are solved on u13
+    # and u18; 1.37x and 1.78x at the dense rate).
+    "u12": {"output_tokens_per_s": 1.075, "tpot_s": 0.788},
+    "u13": {"output_tokens_per_s": 1.005, "tpot_s": 1.046},
+    # The GB10's LPDDR5x: the experts read at a higher share of its low bandwidth than the
+    # HBM GPUs' MOE_READ_SHARE (one source, llama-benchy against vLLM 0.26).
+    "u14": {"output_tokens_per_s": 0.768, "tpot_s": 1.287},
+    "u15": {"output_tokens_per_s": 0.444, "tpot_s": 2.381},
+    "u16": {"output_tokens_per_s": 0.842, "tpot_s": 2.439},
+    "u17": {"output_tokens_per_s": 1.088, "tpot_s": 0.601},
+    "u18": {"output_tokens_per_s": 1.046, "tpot_s": 1.077},
+    "u19": {"output_tokens_per_s": 1.015, "tpot_s": 0.985},
+    "u20": {"output_tokens_per_s": 1.171, "tpot_s": 0.853},
+    "u21": {"output_tokens_per_s": 1.107, "tpot_s": 0.903},
+    "u22": {"output_tokens_per_s": 1.112, "tpot_s": 0.899},
+    "u24": {"output_tokens_per_s": 1.019, "tpot_s": 0.659},
+}
+
+
+@pytest.fixture(scope="module")
+def replayed_extra() -> dict[str, dict[str, Any]]:
+    bench = load_script("bench/speed.py")
+    return {r["id"]: r for r in (bench.replay(p) for p in bench.load_points(EXTRA))}
+
+
+@pytest.mark.parametrize("point", sorted(TODAY_EXTRA))
+def test_each_gathered_point_stays_where_it_is(
+    replayed_extra: dict[str, dict[str, Any]], point: str
+) -> None:
+    row = replayed_extra[point]
+    assert "errors" in row, row.get("skip")
+    for key, ratio in TODAY_EXTRA[point].items():
+        now = 1 + row["errors"][key]
+        assert abs(math.log(now / ratio)) <= math.log(1 + DRIFT), (key, now, ratio)
+
+
+def test_the_gathered_medians_meet_the_target(replayed_extra: dict[str, dict[str, Any]]) -> None:
+    bench = load_script("bench/speed.py")
+    s = bench.summary(list(replayed_extra.values()))
+    # Today 8.4% and 16.4% (18 and 23 points).
+    assert s["output_tokens_per_s"]["median_abs_error"] <= 0.25
+    assert s["tpot_s"]["median_abs_error"] <= 0.25
 
 
 @pytest.fixture(scope="module")
@@ -98,12 +163,12 @@ def test_each_published_point_stays_where_it_is(
 def test_the_medians_meet_the_target(replayed: dict[str, dict[str, Any]]) -> None:
     bench = load_script("bench/speed.py")
     s = bench.summary(list(replayed.values()))
-    # The issue's target: within 25% median; today 11.6% and 16.1% (vLLM points that their
+    # The issue's target: within 25% median; today 13.8% and 15.8% (vLLM points that their
     # source does not flag as anomalous).
     assert s["output_tokens_per_s"]["median_abs_error"] <= 0.25
     assert s["tpot_s"]["median_abs_error"] <= 0.25
-    # None past 2x: at worst 1.41x in tokens/s (t02) and 1.56x in TPOT (t31, predicted
-    # below the measured).
+    # None past 2x: at worst 1.74x in tokens/s and TPOT (t10, a 4-bit single stream whose
+    # source notes its overheads).
     assert s["tpot_s"]["worst_factor"] <= 2.0
     assert s["output_tokens_per_s"]["worst_factor"] <= 2.0
 
@@ -175,7 +240,32 @@ def test_a_burst_with_varied_lengths_drains_slower_than_fixed_lengths() -> None:
     assert fixed.concurrency == varied.concurrency == b.max_num_seqs
     # The last requests finish at an ever smaller batch: fewer tokens per second overall.
     assert varied.output_tokens_per_s < fixed.output_tokens_per_s
-    assert varied.requests_per_s == pytest.approx(varied.output_tokens_per_s / 200)
+    # The lengths' mean is the output length (whole tokens: within rounding).
+    assert varied.requests_per_s == pytest.approx(varied.output_tokens_per_s / 200, rel=1e-3)
+
+
+def test_a_burst_request_decoding_beside_prompts_sees_longer_steps() -> None:
+    """Every prompt of a burst is computed in the first steps, beside the decodes of those
+    that already have their first token: the mean TPOT over requests is longer than a
+    decode step of the full batch, and the more so the longer the prompts."""
+    from oominfer.speed.performance import chip, predict_burst, stage
+    from oominfer.speed.roofline import step_time
+
+    spec = load_spec("meta-llama/Llama-3.1-8B-Instruct")
+    hw = Hardware.from_gpu("H100")
+    s = EngineSettings(max_model_len=8192)
+    b = estimate(spec, hardware=hw, settings=s, version=CURRENT_VLLM)
+    kw: dict[str, Any] = {"gpu": hw.gpu, "settings": s, "breakdown": b, "requests": 200,
+                          "output_len": 100, "spread": False}  # fmt: skip
+    short = predict_burst(spec, input_len=100, **kw)
+    long = predict_burst(spec, input_len=4000, **kw)
+    assert short is not None and long is not None
+    decode = step_time(stage(spec, s, b), chip(hw.gpu, s, spec), decodes=200, context=4050)
+    assert long.tpot_s > 1.5 * decode.seconds
+    assert long.tpot_s > short.tpot_s
+    # Each request waits for the prompts before its own: the mean TTFT is about half the
+    # time all prompts take, far above one prompt's.
+    assert long.ttft_s > 10 * short.ttft_s
 
 
 def test_an_open_loop_reports_its_arrivals_and_its_drain() -> None:

@@ -9,6 +9,7 @@ wait. Step times come from ``oominfer.speed.roofline``.
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass
 from typing import Literal
@@ -126,6 +127,11 @@ def stage(spec: ModelSpec, settings: EngineSettings, b: MemoryBreakdown) -> Stag
         expert_bytes=expert_bytes,
         experts_per_token_share=share,
         flops_per_token=2 * active / (tp * pp),
+        expert_flops_per_token=2 * experts * share / (tp * pp),
+        # Each GPU's slice of an expert's intermediate width: the whole of it with expert
+        # parallelism (whole experts spread over the GPUs), else 1/tp of it.
+        expert_width=(spec.moe_intermediate_size or spec.intermediate_size)
+        // (1 if settings.enable_expert_parallel else tp),
         # QK^T and AV: 2 FLOPs each per head dimension, per attended token.
         attention_flops_per_context_token=4
         * spec.num_attention_heads
@@ -251,14 +257,19 @@ def predict_burst(
     spread: bool,
 ) -> Performance | None:
     """Predicted speed of ``requests`` requests sent all at once and run to the end (vLLM's
-    benchmark_throughput, or benchmark_serving at request rate inf): what a batch job sees.
+    benchmark_throughput, or benchmark_serving at request rate inf): what a batch job sees,
+    as benchmark_serving reports it (output tokens over the run's duration; TTFT and TPOT
+    the means over requests, TPOT of each its decode time over its tokens after the first).
 
-    Unlike the steady closed loop of ``predict``, the run has a start and an end: every
-    prompt is prefilled (compute-bound), the scheduler keeps as many requests running as fit
-    while any wait, and then the last ones drain at an ever smaller batch. With ``spread``
-    the output lengths vary around ``output_len`` (real chat data such as ShareGPT: taken
-    as exponential, so the drain lasts about ln(running) mean lengths); without it every
-    request generates exactly ``output_len`` tokens.
+    Unlike the steady closed loop of ``predict``, the run has a start and an end, and it is
+    stepped through as vLLM's scheduler runs it: every step decodes one token for each
+    request that has its first, and gives what is left of max_num_batched_tokens to the
+    prompts in arrival order (chunked prefill), admitting new requests while fewer than
+    max_num_seqs (and the KV cache) allow run; the last ones drain at an ever smaller
+    batch. A request that decodes while prompts are computed beside it sees those longer
+    steps in its TPOT. With ``spread`` the output lengths vary around ``output_len`` (real
+    chat data such as ShareGPT, taken as exponential); without it every request generates
+    exactly ``output_len`` tokens.
     """
     if breakdown.engine != "vllm" or not breakdown.fits:
         return None
@@ -271,65 +282,95 @@ def predict_burst(
     )
     s = stage(spec, settings, breakdown)
     pp = settings.pipeline_parallel_size
-    running = min(requests, breakdown.running_at(w.total_len))
-    if running < 1:
+    cap = min(requests, breakdown.running_at(w.total_len))
+    if cap < 1:
         return None
-    context = w.input_len + w.output_len / 2
+    outputs = _output_lengths(requests, w.output_len, spread)
     chunk = breakdown.max_num_batched_tokens
-    prefill_steps = math.ceil(requests * w.input_len / chunk)
-    prefill = (
-        prefill_steps
-        * step_time(
-            s, c, decodes=0, context=0, prefill_tokens=chunk, prefill_context=w.input_len / 2
-        ).seconds
-    )
-
-    def step(batch: float) -> float:
-        return step_time(s, c, decodes=batch, context=context).seconds
-
-    full = step(running)
-    tokens = requests * w.output_len
-    # The prompts of the requests that replace finished ones are computed while the others
-    # decode (V0: prefill steps between decode steps; V1: chunks inside them): each of
-    # the steady phase's steps is longer by its share of them, and so is its TPOT.
-    replacing = max(requests - running, 0)
-    interleaved = prefill * replacing / requests
-    if spread:
-        # While requests wait, every finished one is replaced: the batch stays full. The last
-        # `running` requests then drain; with exponential lengths (memoryless) those alive
-        # t steps later number running * exp(-t / output_len).
-        steady_tokens = max(requests - running, 0) * w.output_len
-        drain_time, drain_weighted, t = 0.0, 0.0, 0.0
-        dt = max(w.output_len / 50, 1.0)
-        while (alive := running * math.exp(-t / w.output_len)) >= 1:
-            drain_time += dt * step(alive)
-            drain_weighted += dt * step(alive) * alive
-            t += dt
-    else:
-        steady_tokens = tokens - running * w.output_len
-        drain_time = w.output_len * full
-        drain_weighted = drain_time * running
-    if not steady_tokens:  # no request waits: every prompt is computed before decoding
-        interleaved = 0.0
-    steady_time = steady_tokens / running * full + interleaved
-    decode = (steady_time + drain_time) * pp
-    total = (prefill - interleaved) * pp + decode
-    tpot = (steady_time * running + drain_weighted) / max(steady_tokens + running * w.output_len, 1)
-    # A request waits for the prompts ahead of it and, when not in the first batch, for
-    # a slot: on average half of each.
-    waiting = max(requests - running, 0) / requests
-    ttft = REQUEST_OVERHEAD_S + prefill * pp / 2 + waiting * steady_time * pp / 2
+    first = [0.0] * requests
+    finish = [0.0] * requests
+    first_step = [0] * requests
+    # Decoding requests: (the step after which they are done, arrival index); their steps
+    # started summed, for the mean context their KV cache reads.
+    decoding: list[tuple[int, int]] = []
+    started_sum = 0
+    admitted = 0  # requests whose prompt has begun
+    done_prompt = 0  # tokens of the oldest unfinished prompt already computed
+    prompting = 0  # index of that prompt
+    clock, step, bound_at_full = 0.0, 0, None
+    while decoding or prompting < requests:
+        n_dec = len(decoding)
+        budget = max(chunk - n_dec, 0)
+        # Prompts in arrival order: the one begun, then new ones while the batch has room.
+        prefill, context_sum, finished_prompts = 0, 0.0, []
+        i, computed = prompting, done_prompt
+        while budget > 0 and i < requests:
+            if i >= admitted:
+                if n_dec + (admitted - prompting) >= cap:
+                    break
+                admitted += 1
+            n = min(budget, w.input_len - computed)
+            prefill += n
+            context_sum += n * (computed + n / 2)
+            budget -= n
+            computed += n
+            if computed >= w.input_len:
+                finished_prompts.append(i)
+                i, computed = i + 1, 0
+        prompting, done_prompt = i, computed
+        context = w.input_len + (step * n_dec - started_sum) / n_dec if n_dec else 0.0
+        t = step_time(
+            s,
+            c,
+            decodes=n_dec,
+            context=context,
+            prefill_tokens=prefill,
+            prefill_context=context_sum / prefill if prefill else 0.0,
+        )
+        if bound_at_full is None and n_dec >= cap:
+            bound_at_full = t.bound
+        clock += t.seconds * pp
+        step += 1
+        while decoding and decoding[0][0] <= step:
+            _, j = heapq.heappop(decoding)
+            started_sum -= first_step[j]
+            finish[j] = clock
+        for j in finished_prompts:
+            first[j] = clock
+            finish[j] = clock
+            if outputs[j] > 1:
+                first_step[j] = step
+                started_sum += step
+                heapq.heappush(decoding, (step + outputs[j] - 1, j))
+        if not n_dec and not prefill:  # nothing could run (cannot happen with cap >= 1)
+            return None
+    total = clock + REQUEST_OVERHEAD_S
+    tokens = sum(outputs)
+    tpots = [(finish[j] - first[j]) / (outputs[j] - 1) for j in range(requests) if outputs[j] > 1]
+    bound = bound_at_full or step_time(s, c, decodes=cap, context=w.total_len).bound
     return Performance(
-        ttft_s=ttft,
-        tpot_s=tpot * pp,
+        ttft_s=REQUEST_OVERHEAD_S + sum(first) / requests,
+        tpot_s=sum(tpots) / len(tpots) if tpots else 0.0,
         output_tokens_per_s=tokens / total,
         requests_per_s=requests / total,
-        concurrency=running,
+        concurrency=cap,
         input_len=w.input_len,
         output_len=w.output_len,
-        bound=step_time(s, c, decodes=running, context=context).bound,
+        bound=bound,
         requested_concurrency=requests,
         limited_by=None
-        if running >= requests
-        else ("max_num_seqs" if running >= breakdown.max_num_seqs else "kv_cache"),
+        if cap >= requests
+        else ("max_num_seqs" if cap >= breakdown.max_num_seqs else "kv_cache"),
     )
+
+
+def _output_lengths(requests: int, mean: int, spread: bool) -> list[int]:
+    """Each request's output tokens in arrival order: ``mean`` each, or with ``spread``
+    the quantiles of an exponential of that mean, in an order unrelated to their size."""
+    if not spread:
+        return [mean] * requests
+    stride = next(p for p in (7919, 104729, 1) if math.gcd(p, requests) == 1)
+    return [
+        max(1, round(-mean * math.log(1 - ((i * stride) % requests + 0.5) / requests)))
+        for i in range(requests)
+    ]

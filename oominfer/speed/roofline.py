@@ -37,9 +37,28 @@ expert, one small GEMM per expert block. Set so the MoE points of throughput_poi
 centre on their measurements: at the dense share their output tokens/s came out 1.01-1.46x
 (median 1.19x) the measured; now 0.99-1.16x."""
 COMPUTE_EFFICIENCY: Final = 0.40
+MOE_COMPUTE_SHARE: Final = 0.75
+"""The fused-MoE kernels reach at most this share of the dense GEMMs' FLOPs/s on the routed
+experts' work (tokens sorted and padded per expert, one small GEMM per expert block)..."""
+MOE_HALF_WIDTH: Final = 700
+"""... and half of that where one GPU's slice of an expert is this many columns wide:
+tensor parallelism without expert parallelism splits every expert's intermediate width
+(DeepSeek-R1's 2,048 into 256 at TP 8), and such skinny GEMMs fill the tensor cores badly.
+The two are solved on the prompt-bound bursts of gathered measurements
+(tests/data/calibration/extra_throughput_points.jsonl: gpt-oss-20b on one H100, 32.4k
+prompt tokens/s, predicted 1.37x that at the dense rate; DeepSeek-R1 at TP 8 on H200s,
+15.1k, predicted 1.78x), and leave Mixtral at TP 2 (7,168 columns a GPU, t17) where it was.
+Only the large prompt chunks feel it: the shortfall is added at full tensor-core fill."""
 """GEMMs of a step reach this share of the dense tensor-core peak."""
 GEMM_HALF_TOKENS: Final = 64
 """Tokens in a step at which its GEMMs reach half of COMPUTE_EFFICIENCY x the peak."""
+GEMM_MIN_TOKENS: Final = 16
+"""One tensor-core tile of rows (Marlin's and the MMA's m16): fewer tokens fill it as badly
+as this many. Without it a 4-bit single stream came out compute-bound at 1/65 of the peak:
+Qwen2.5-14B AWQ and GPTQ on an A100 (Qwen's speed benchmark, vLLM 0.6.3: 92.7 and 98.0
+tokens/s, twice the 16-bit 46.3) were predicted at 60; now 108. t10 (a 7B AWQ at 104 tokens/s
+where the same source's 16-bit run is 1.86x its bandwidth bound: overheads its README notes)
+had matched only through that artifact, and is now 1.73x."""
 STEP_FLOOR_S: Final = 0.35e-3
 """A step's fixed cost with CUDA graphs: scheduling, sampling, detokenizing."""
 LAYER_FLOOR_S: Final = 24e-6
@@ -101,6 +120,10 @@ class Stage:
     """k/E: the share of a layer's experts one token is routed to (0: dense)."""
     flops_per_token: float
     """2 x active parameters on this GPU."""
+    expert_flops_per_token: float = 0.0
+    """The routed experts' part of ``flops_per_token`` (run at moe_compute_share)."""
+    expert_width: int = 0
+    """Columns of one expert's intermediate layer on this GPU."""
     attention_flops_per_context_token: float
     """Attention FLOPs per new token per token of context it attends to (QK^T and AV)."""
     kv_bytes_per_token: float
@@ -133,6 +156,12 @@ def touched_expert_share(share: float, tokens: float) -> float:
     return 1.0 - missed
 
 
+def moe_compute_share(width: int) -> float:
+    """The share of the dense GEMMs' FLOPs/s the fused-MoE kernels reach with experts
+    ``width`` columns wide on the GPU."""
+    return MOE_COMPUTE_SHARE * width / (width + MOE_HALF_WIDTH) if width else 1.0
+
+
 def step_time(
     stage: Stage,
     chip: Chip,
@@ -163,8 +192,15 @@ def step_time(
     )
     # GEMMs over few tokens do not fill the tensor cores: the share of the peak reached
     # grows with the tokens of the step, half of it at GEMM_HALF_TOKENS.
-    fill = tokens / (tokens + GEMM_HALF_TOKENS) if tokens > 0 else 1.0
+    # Below one tensor-core tile of rows a GEMM costs what a tile does: a single stream's
+    # step is as fast as its weight reads allow, 4-bit formats included.
+    rows = max(tokens, GEMM_MIN_TOKENS)
+    fill = rows / (rows + GEMM_HALF_TOKENS) if tokens > 0 else 1.0
     compute = (tokens * stage.flops_per_token + attention) / (chip.flops * fill)
+    # The fused-MoE kernels' shortfall on the experts' FLOPs, at full tensor-core fill (it
+    # tells over large prompt chunks, not in small decode steps).
+    share = moe_compute_share(stage.expert_width)
+    compute += tokens * stage.expert_flops_per_token * (1 / share - 1) / chip.flops
     floor = (
         STEP_FLOOR_S
         + SEQUENCE_STEP_S * decodes
