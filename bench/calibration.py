@@ -79,6 +79,8 @@ SAME_ARCHITECTURE: dict[str, str] = {
 CONFIG_DIFFERENCES: dict[str, dict[str, int]] = {
     # huggingface.co/Qwen/Qwen3-235B-A22B-Instruct-2507-FP8 config.json: native 256k context.
     "Qwen/Qwen3-235B-A22B-Instruct-2507-FP8": {"max_position_embeddings": 262144},
+    # Llama-3-70B's config.json: 8,192 positions, no rope scaling.
+    "TechxGenus/Meta-Llama-3-70B-Instruct-AWQ": {"max_position_embeddings": 8192},
     # huggingface.co/Qwen/Qwen3-30B-A3B-Instruct-2507-FP8 config.json: native 256k context.
     "Qwen/Qwen3-30B-A3B-Instruct-2507-FP8": {"max_position_embeddings": 262144},
 }
@@ -92,6 +94,12 @@ QUANTIZED_STAND_INS: dict[str, tuple[str, QuantSpec]] = {
     # huggingface.co/Qwen/Qwen2.5-7B-Instruct-AWQ: awq, 4 bits, group 128, zero point.
     "Qwen/Qwen2.5-7B-Instruct-AWQ": (
         "Qwen/Qwen2.5-7B-Instruct",
+        QuantSpec(method="awq", bits=4, group_size=128),
+    ),
+    # huggingface.co/TechxGenus/Meta-Llama-3-70B-Instruct-AWQ: awq, 4 bits, group 128, of
+    # Llama-3-70B (the 3.1 shapes; its 8k context in CONFIG_DIFFERENCES).
+    "TechxGenus/Meta-Llama-3-70B-Instruct-AWQ": (
+        "meta-llama/Llama-3.1-70B-Instruct",
         QuantSpec(method="awq", bits=4, group_size=128),
     ),
 }
@@ -210,6 +218,7 @@ def inputs(
         speculative_config=_quoted_flag(point, "--speculative-config"),
         enable_prefix_caching=point.get("enable_prefix_caching"),
         kv_cache_dtype=_kv_dtype(point.get("kv_cache_dtype")),  # type: ignore[arg-type]
+        cpu_offload_gb=point.get("cpu_offload_gb") or 0,
     )
     gpu = _gpu(point)
     # A GPU the point does not name stands in as an 80 GB A100 on PCIe: no NVLink is assumed.

@@ -70,9 +70,9 @@ XFAIL: dict[tuple[str, str], str] = {
     "more held beside the weights than estimated, where the dense FP8 x13 on the same "
     "machine is within 0.6 GiB: 5.31 GiB estimated vs 4.04",
     ("x09", "cuda_graphs"): "the same MoE's 51 + 35 graphs took 1.28 GiB on the GB10, where "
-    "the per-layer terms fitted on discrete GPUs give 0.78",
+    "the per-layer terms fitted on discrete GPUs give 0.73",
     ("y01", "cuda_graphs"): "eight PCIe GPUs: NCCL's all-reduces captured into every graph "
-    "hold more at 8 ranks than the per-layer term fitted at TP 4 (c05): 2.97 GiB estimated "
+    "hold more at 8 ranks than the per-layer term fitted at TP 4 (c05): 3.16 GiB estimated "
     "vs 3.45",
     ("c08", "cuda_graphs"): "0.9.0.1's pool for this multimodal model's 28 x 3584 language "
     "model was 76 B per layer, hidden and graph where the other early-V1 logs at the same 67 "
@@ -85,7 +85,15 @@ XFAIL: dict[tuple[str, str], str] = {
     "free-memory delta vLLM prints (3.49 GiB) is not the pool alone",
     ("c16", "verdict"): "0.11 captures its graphs above the budget, which the model checks "
     "(memory/profile.py post_capture_short), but this GPU's capture took 3.49 GiB (a foreign "
-    "494 MiB process beside it, four engines started at once) against the 0.62 GiB fitted",
+    "494 MiB process beside it, four engines started at once) against the 0.56 GiB fitted",
+    ("g3-13", "kv_cache"): "the same flags gave 0.49 GiB here and 0.41 GiB (a failed start, "
+    "g3-14) on the same RTX 3090 minutes apart: run-to-run noise at the edge of the budget, "
+    "where 0.43 is estimated",
+    ("g3-13", "verdict"): "the same flags started here and failed in g3-14 (0.44 GiB needed, "
+    "0.49 and 0.41 available): the estimate, 0.43, sits between the two runs",
+    ("g3-08", "verdict"): "a desktop RTX 3090: the same flags started in April (g3-06), then "
+    "the sampler's warm-up after the KV cache ran out with 1.46 GiB of the card held by "
+    "other processes its OOM message does not list",
 }
 
 
@@ -163,16 +171,16 @@ def test_verdict(replayed: dict[str, dict[str, Any]], point: dict[str, Any]) -> 
 
 def test_graph_constants_are_the_fit_of_bench_fit_graphs() -> None:
     """The per-layer graph constants in memory/profile.py are what bench/fit_graphs.py's
-    least squares gives on these logs (within 10%): a log added to the set, or a change to
-    the graph counts, that moves the fit shows here rather than leaving the code on an
-    older one."""
+    least-absolute fit gives on these logs (within 10%, or 5 KiB of a nil term): a log added
+    to the set, or a change to the graph counts, that moves the fit shows here rather than
+    leaving the code on an older one."""
     import numpy as np
 
     from oominfer.memory import profile
 
     fit = load_script("bench/fit_graphs.py")
-    data = fit.rows(LOGS)
-    coef = fit.nnls(np.array([f for _, f, _ in data]), np.array([m for _, _, m in data]))
+    data = fit.rows(LOGS) + fit.rows(EXTRA)
+    coef = fit.least_absolute(np.array([f for _, f, _ in data]), np.array([m for _, _, m in data]))
     code = {
         "PIECEWISE": profile.GRAPH_BYTES_PER_LAYER_PIECEWISE,
         "FULL": profile.GRAPH_BYTES_PER_LAYER_FULL,
@@ -180,6 +188,6 @@ def test_graph_constants_are_the_fit_of_bench_fit_graphs() -> None:
         "EARLY_V1": profile.GRAPH_BYTES_PER_LAYER_AND_HIDDEN_EARLY_V1,
         "V0": profile.GRAPH_BYTES_PER_LAYER_V0,
     }
-    assert len(data) >= 13
+    assert len(data) >= 19
     for name, fitted in zip(fit.NAMES, coef, strict=True):
-        assert code[name] == pytest.approx(fitted, rel=0.10), (name, fitted)
+        assert code[name] == pytest.approx(fitted, rel=0.10, abs=5 * 1024), (name, fitted)

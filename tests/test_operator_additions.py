@@ -248,7 +248,10 @@ def test_the_encoder_cache_and_limits_of_zero() -> None:
     spec = load_spec("google/gemma-3-27b-it")
     items = encoder_items(spec, EngineSettings(), tokens=2048, seqs=256, max_len=8192)
     assert items == 8
-    assert multimodal_bytes(spec, dtype="bfloat16", items=items) == 8 * 256 * 5376 * 2
+    assert (
+        multimodal_bytes(spec, dtype="bfloat16", items=items, per_item=spec.mm_tokens_per_item)
+        == 8 * 256 * 5376 * 2
+    )
     # A long item fills the budget alone: at least one is profiled, however small the budget.
     assert encoder_items(spec, EngineSettings(), tokens=100, seqs=256, max_len=8192) == 1
     # Few sequences of short prompts bound it from the decoder's side (vLLM's _get_max_items).
@@ -269,7 +272,9 @@ def test_the_vision_towers_forward_is_the_profiling_peak_where_it_is_larger() ->
     tower = spec.vision_encoder
     assert tower is not None and tower.gated and tower.patches_per_token == 4
     assert tower.patch_elements == 3 * 2 * 14 * 14
-    peak = encoder_forward_bytes(spec, dtype="bfloat16", items=1, tp=1)
+    peak = encoder_forward_bytes(
+        spec, dtype="bfloat16", items=1, per_item=spec.mm_tokens_per_item, tp=1
+    )
     assert peak == 65_536 * ((4 * 1280 + 3 * 3420) * 2 + 1176 * 4)
     l4, v09 = Hardware.from_gpu("L4", 1), EngineVersion.parse("0.9")
 
@@ -281,9 +286,9 @@ def test_the_vision_towers_forward_is_the_profiling_peak_where_it_is_larger() ->
     assert b.additions.encoder_items == 1
     assert b.activation_bytes == peak - b.additions.multimodal_bytes
     # Tensor parallel splits the MLP's intermediates, not the tower-width tensors.
-    assert encoder_forward_bytes(spec, dtype="bfloat16", items=1, tp=2) == 65_536 * (
-        (4 * 1280 + 3 * 1710) * 2 + 1176 * 4
-    )
+    assert encoder_forward_bytes(
+        spec, dtype="bfloat16", items=1, per_item=spec.mm_tokens_per_item, tp=2
+    ) == 65_536 * ((4 * 1280 + 3 * 1710) * 2 + 1176 * 4)
     # Without images the tower is neither built nor run: the text model's peak alone.
     text = at(limit_mm_per_prompt='{"image": 0, "video": 0}')
     assert text.activation_bytes < b.activation_bytes

@@ -49,7 +49,9 @@ class Additions:
     multimodal_bytes: int = 0
     """The encoder cache: embeddings of the largest multimodal batch vLLM profiles."""
     encoder_items: int = 0
-    """Images in that batch (``encoder_items``)."""
+    """Items in that batch (``encoder_items``)."""
+    encoder_modality: str = "image"
+    """What those items are: images, or a video (``profiled_item``)."""
     vision_tower_bytes: int = 0
     """The vision tower's weights on this GPU (already within the weights line; 0 when the
     limits leave it unbuilt)."""
@@ -254,10 +256,37 @@ def vision_tower_bytes(spec: ModelSpec, s: EngineSettings, *, dtype: str) -> int
     return spec.params.vision * dtype_bytes(dtype) // s.tensor_parallel_size
 
 
+MAX_FRAMES_PER_VIDEO: Final = 14
+"""vllm/model_executor/models/qwen2_vl.py ``_MAX_FRAMES_PER_VIDEO``: the dummy video's most
+frames."""
+
+
+def profiled_item(spec: ModelSpec, s: EngineSettings, *, max_len: int) -> tuple[str, int]:
+    """The modality of the item vLLM's profiling run encodes, and that item's tokens: of the
+    modalities a prompt may carry, the one whose largest item has the most tokens
+    (vllm/multimodal/encoder_budget.py ``get_modality_with_max_tokens``; image on a tie).
+
+    Qwen2-VL's dummy video (``get_num_frames_with_most_features``) has as many frames at
+    the image processor's largest size as fit in ``max_len`` tokens, up to
+    MAX_FRAMES_PER_VIDEO, each ``video_frames_per_group`` frames one image's tokens: 114,688
+    tokens at Qwen2.5-VL's 128k context, seven times an image (a vLLM 0.23 log profiles
+    "1 video items" against a 114,688-token budget)."""
+    per_image = spec.mm_tokens_per_item
+    group = spec.video_frames_per_group
+    if not (per_image and group and item_limit(s.mm_limits, "video")):
+        return "image", per_image
+    frames = min(max(max_len // per_image * group, 1), MAX_FRAMES_PER_VIDEO)
+    video = math.ceil(frames / group) * per_image
+    if video > per_image or not item_limit(s.mm_limits, "image"):
+        return "video", video
+    return "image", per_image
+
+
 def encoder_items(
     spec: ModelSpec, s: EngineSettings, *, tokens: int, seqs: int, max_len: int
 ) -> int:
-    """Images in the profiling run's dummy encoder batch (0: no encoder to profile).
+    """Items in the profiling run's dummy encoder batch (0: no encoder to profile), of the
+    modality ``profiled_item`` picks.
 
     vllm/multimodal/encoder_budget.py ``MultiModalBudget._get_max_items``: the encoder
     budget, max(max_num_batched_tokens, the largest item's tokens)
@@ -265,21 +294,22 @@ def encoder_items(
     ``budget // per_item`` items; the decoder side ``max_num_seqs`` x the items one prompt
     takes (its limit, at most ``max_model_len // per_item``, at least 1); at least one.
     """
-    per_item = spec.mm_tokens_per_item
-    if not per_item or mm_item_count(s.mm_limits) == 0:
+    if not spec.mm_tokens_per_item or mm_item_count(s.mm_limits) == 0:
         return 0
-    limit = item_limit(s.mm_limits, "image")
-    if limit == 0:  # another modality's items (audio, video): their tower is not modelled
+    modality, per_item = profiled_item(spec, s, max_len=max_len)
+    limit = item_limit(s.mm_limits, modality)
+    if limit == 0:  # only another modality's items (audio): their tower is not modelled
         return 0
     per_prompt = max(1, min(limit, max_len // per_item))
     return max(1, min(max(tokens, per_item) // per_item, seqs * per_prompt))
 
 
-def multimodal_bytes(spec: ModelSpec, *, dtype: str, items: int) -> int:
+def multimodal_bytes(spec: ModelSpec, *, dtype: str, items: int, per_item: int) -> int:
     """The encoder cache the profiling run fills on one GPU: the dummy batch's embeddings,
-    ``items`` x the largest item's tokens x the language model's hidden size, alive through
-    the text model's dummy forward (v1/worker/gpu_model_runner.py ``profile_run``)."""
-    return items * spec.mm_tokens_per_item * spec.hidden_size * dtype_bytes(dtype)
+    ``items`` x the largest item's ``per_item`` tokens x the language model's hidden size,
+    alive through the text model's dummy forward (v1/worker/gpu_model_runner.py
+    ``profile_run``)."""
+    return items * per_item * spec.hidden_size * dtype_bytes(dtype)
 
 
 ENCODER_HIDDEN_TEMPORARIES: Final = 4
@@ -287,7 +317,9 @@ ENCODER_HIDDEN_TEMPORARIES: Final = 4
 output, the fused norm's output and the MLP's down projection."""
 
 
-def encoder_forward_bytes(spec: ModelSpec, *, dtype: str, items: int, tp: int) -> int:
+def encoder_forward_bytes(
+    spec: ModelSpec, *, dtype: str, items: int, per_item: int, tp: int
+) -> int:
     """Peak of the profiling run's vision-tower forward over ``items`` images of the
     largest size, on one GPU, before its output becomes the encoder cache.
 
@@ -303,7 +335,7 @@ def encoder_forward_bytes(spec: ModelSpec, *, dtype: str, items: int, tp: int) -
     tower = spec.vision_encoder
     if tower is None or items == 0:
         return 0
-    patches = items * spec.mm_tokens_per_item * tower.patches_per_token
+    patches = items * per_item * tower.patches_per_token
     mlp = (3 if tower.gated else 2) * tower.intermediate_size // tp
     per_patch = (ENCODER_HIDDEN_TEMPORARIES * tower.hidden_size + mlp) * dtype_bytes(dtype)
     return patches * (per_patch + tower.patch_elements * 4)

@@ -33,6 +33,7 @@ from oominfer.memory.additions import (
     lora_cpu_cache_bytes,
     lora_slot_bytes,
     multimodal_bytes,
+    profiled_item,
     state_blocks,
     tower_built,
     vision_tower_bytes,
@@ -163,9 +164,11 @@ def estimate(
     if device == "cuda" and version.v1:
         startup_short = max(0, budget - startup_free_bytes(gpu, tp, version))
     items = encoder_items(spec, s, tokens=batched, seqs=seqs, max_len=max_len)
+    modality, per_item = profiled_item(spec, s, max_len=max_len)
     proposer, extra = _additions(
-        spec, s, dtype=dtype, kv_elem=kv_elem, batched=batched, items=items, version=version
-    )
+        spec, s, dtype=dtype, kv_elem=kv_elem, batched=batched, items=items, version=version,
+        modality=modality, per_item=per_item,
+    )  # fmt: skip
     activation = activation_bytes(
         spec,
         tokens=batched,
@@ -181,7 +184,7 @@ def estimate(
     # The vision tower's forward over the dummy images runs first; its output, the encoder
     # cache, then stays alive through the text forward and the sampler: the peak is the
     # larger of the tower's and (cache + the text model's).
-    tower = encoder_forward_bytes(spec, dtype=dtype, items=items, tp=tp)
+    tower = encoder_forward_bytes(spec, dtype=dtype, items=items, per_item=per_item, tp=tp)
     activation = max(activation, tower - extra.multimodal_bytes)
     if device == "cuda" and version.sampler_warmup_pass:
         # 0.33's second dummy sampler pass copies the logits to fp32 (at least that much).
@@ -345,6 +348,8 @@ def _additions(
     batched: int,
     items: int,
     version: EngineVersion,
+    modality: str,
+    per_item: int,
 ) -> tuple[Draft | None, Additions]:
     """The operator additions that do not depend on the pipeline stage (memory/additions.py);
     the draft's graphs and the expert split are filled in per stage."""
@@ -366,8 +371,9 @@ def _additions(
         ),
         lora_bytes=lora_slot_bytes(spec, s, dtype=dtype, tokens=batched),
         lora_cpu_cache_bytes=lora_cpu_cache_bytes(spec, s, dtype=dtype),
-        multimodal_bytes=multimodal_bytes(spec, dtype=dtype, items=items),
+        multimodal_bytes=multimodal_bytes(spec, dtype=dtype, items=items, per_item=per_item),
         encoder_items=items,
+        encoder_modality=modality,
         vision_tower_bytes=vision_tower_bytes(spec, s, dtype=dtype),
         data_parallel_size=s.data_parallel_size,
         prefix_caching=s.enable_prefix_caching,

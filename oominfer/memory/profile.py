@@ -62,18 +62,19 @@ MLP_TEMPORARIES: Final = 3
 
 # CUDA graphs: the pool capture takes, per GPU, grows with the graphs captured (per
 # release: rules.attention.graph_counts) times the layers each graph spans; a PIECEWISE
-# graph holds one piece per layer, a FULL decode graph reuses most of their buffers.
-# Past two PCIe-only GPUs vLLM turns custom all-reduce off and NCCL's all-reduces are
-# captured into every graph, each with its own buffers. V0's whole-model graphs and the
-# early V1 runner (0.8-0.9, whose graphs also grow with the hidden size) have constants of
-# their own. Least squares over the calibration logs with a graph line that replay
-# (bench/fit_graphs.py: 0.7-0.26, 1-94 layers, TP 1-4; residuals there): a width term
-# came out nil and is not kept.
-# Fitted (13 logs, median |residual| 0.03 GiB, worst 0.13 GiB; c16, c10, dp54 and c08 left
-# out as their notes say the figure is not the pool alone, n13 for its negative figure).
-GRAPH_BYTES_PER_LAYER_PIECEWISE: Final = 295 * KiB
-GRAPH_BYTES_PER_LAYER_FULL: Final = 54 * KiB
-GRAPH_BYTES_PER_LAYER_NCCL: Final = 199 * KiB
+# graph holds one piece per layer, a FULL decode graph reuses their buffers (its own term
+# fits to nil). Past two PCIe-only GPUs vLLM turns custom all-reduce off and NCCL's
+# all-reduces are captured into every graph, each with its own buffers. V0's whole-model
+# graphs and the early V1 runner (0.8-0.9, whose graphs also grow with the hidden size) have
+# constants of their own. Least absolute residuals over the calibration logs with a graph
+# line that replay, the shared set and the gathered one (bench/fit_graphs.py: 0.7-0.26,
+# 1-94 layers, TP 1-8; residuals there): a width term came out nil and is not kept.
+# Fitted (19 logs, median |residual| 0.05 GiB, worst 0.29 GiB; c16, c10, dp54 and c08 left
+# out as their notes say the figure is not the pool alone, n13 for its negative figure,
+# the GB10's x09 and x13 for unified memory).
+GRAPH_BYTES_PER_LAYER_PIECEWISE: Final = 312 * KiB
+GRAPH_BYTES_PER_LAYER_FULL: Final = 0 * KiB
+GRAPH_BYTES_PER_LAYER_NCCL: Final = 214 * KiB
 GRAPH_BYTES_PER_LAYER_AND_HIDDEN_EARLY_V1: Final = 244
 GRAPH_BYTES_PER_LAYER_V0: Final = 182 * KiB
 # Models with recurrent-state layers (Gated DeltaNet, Mamba) run those layers inside their

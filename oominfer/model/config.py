@@ -179,6 +179,7 @@ def _parse(raw: Mapping[str, Any], *, model_id: str, checkpoint: Checkpoint, src
             default=_MTP_LAYERS_UNSTATED.get(model_type, 0),
         ),
         mm_tokens_per_item=_mm_tokens_per_item(cfg),
+        video_frames_per_group=_video_frames_per_group(cfg),
         vision_encoder=vision_encoder(r),
         params=params,
         checkpoint=checkpoint,
@@ -194,6 +195,22 @@ _MTP_LAYERS_UNSTATED: Final[dict[str, int]] = {"qwen3_next": 1}
 
 # Qwen2-VL's image processor: max_pixels 12,845,056 / (14 x 14 patches) / (2 x 2 merge).
 _DYNAMIC_RESOLUTION_TOKENS = 12_845_056 // (14 * 14) // 4
+
+
+# Checkpoints whose vLLM processing (vllm/model_executor/models/qwen2_vl.py
+# ``Qwen2VLProcessingInfo``, which Qwen2.5-VL's reuses) profiles a dummy video of frames at
+# the image processor's largest size.
+_VIDEO_MODEL_TYPES: Final = ("qwen2_vl", "qwen2_5_vl")
+
+
+def _video_frames_per_group(cfg: Mapping[str, Any]) -> int:
+    """Frames per video token group (``vision_config.temporal_patch_size``) for the model
+    types whose dummy video is modelled; 0 otherwise."""
+    vision = cfg.get("vision_config")
+    if cfg.get("model_type") not in _VIDEO_MODEL_TYPES or not isinstance(vision, Mapping):
+        return 0
+    frames = vision.get("temporal_patch_size", 2)
+    return frames if isinstance(frames, int) and frames > 0 else 0
 
 
 def _mm_tokens_per_item(cfg: Mapping[str, Any]) -> int:

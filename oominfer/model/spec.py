@@ -181,6 +181,9 @@ class ModelSpec:
     what ``--speculative-config '{"method": "mtp"}'`` drafts with."""
     mm_tokens_per_item: int = 0
     """Language-model tokens one image becomes, at most (0: a text-only model)."""
+    video_frames_per_group: int = 0
+    """Frames one video token group spans (Qwen2-VL's ``temporal_patch_size``); 0 where
+    vLLM's dummy video is not modelled (additions.profiled_item)."""
     vision_encoder: VisionEncoder | None = None
     """The vision tower's shape (None: a text-only model, or a tower not described)."""
     params: ParamCounts
