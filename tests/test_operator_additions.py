@@ -16,6 +16,7 @@ from _pure_fixtures import offline_hub  # noqa: F401 - autouse fixture
 from click.testing import CliRunner, Result
 
 from oominfer.base.errors import InvalidSettingError, ModelNotFoundError
+from oominfer.base.units import GiB
 from oominfer.cli import main
 from oominfer.hardware.hardware import Hardware
 from oominfer.memory.additions import (
@@ -23,6 +24,7 @@ from oominfer.memory.additions import (
     encoder_items,
     lora_slot_bytes,
     multimodal_bytes,
+    profiled_item,
 )
 from oominfer.memory.breakdown import MemoryBreakdown
 from oominfer.memory.estimate import estimate
@@ -293,6 +295,54 @@ def test_the_vision_towers_forward_is_the_profiling_peak_where_it_is_larger() ->
     text = at(limit_mm_per_prompt='{"image": 0, "video": 0}')
     assert text.activation_bytes < b.activation_bytes
     assert text.additions.multimodal_bytes == 0
+
+
+def test_a_long_context_profiles_qwen2_vls_dummy_video() -> None:
+    """Qwen2-VL's dummy video is frames at the largest image size, two frames a token group,
+    as many as fit in max_model_len up to 14 (vllm qwen2_vl.py): at the 128k default that is
+    seven images' tokens, 114,688, which vLLM 0.23 profiles as "1 video items" (gathered log
+    g4-03: 15.67 GiB of weights and -14.28 GiB left for the KV cache at utilisation 0.22 on
+    an A100-80GB). Up to two frames (one image's tokens) the image is profiled; a video
+    limit of 0 keeps it so."""
+    spec = load_spec("Qwen/Qwen2.5-VL-7B-Instruct")
+    assert spec.video_frames_per_group == 2
+    image = spec.mm_tokens_per_item
+    assert image == 16_384
+    s = EngineSettings()
+    assert profiled_item(spec, s, max_len=128_000) == ("video", 7 * image)
+    assert profiled_item(spec, s, max_len=32_768) == ("video", 2 * image)
+    assert profiled_item(spec, s, max_len=16_384) == ("image", image)
+    assert profiled_item(spec, s, max_len=2_048) == ("image", image)
+    no_video = EngineSettings(limit_mm_per_prompt='{"image": 1, "video": 0}')
+    assert profiled_item(spec, no_video, max_len=128_000) == ("image", image)
+    # A model without a modelled video: its image, whatever the context.
+    assert profiled_item(load_spec("google/gemma-3-27b-it"), s, max_len=128_000)[0] == "image"
+
+    a100 = Hardware.from_gpu("A100-SXM-80GB", 1)
+    b = estimate(
+        spec,
+        hardware=a100,
+        settings=EngineSettings(gpu_memory_utilization=0.22),
+        version=EngineVersion.parse("0.23"),
+    )
+    assert (b.additions.encoder_modality, b.additions.encoder_items) == ("video", 1)
+    assert not b.fits
+    # The tower's forward over 458,752 patches is what sinks it: the KV cache it leaves is
+    # within 5% of the -14.28 GiB vLLM printed.
+    assert b.kv_cache_bytes / GiB == pytest.approx(-14.28, rel=0.05)
+    # Where the video is what does not fit, leaving videos out (images kept) is a way out.
+    from oominfer.report.ways_out import ways_out
+
+    a40 = Hardware.from_gpu("A100-PCIE-40GB", 1)
+    b = estimate(spec, hardware=a40, settings=s, version=CURRENT_VLLM)
+    assert not b.fits
+    found = ways_out(spec, a40, s, b, version=CURRENT_VLLM)
+    assert """--limit-mm-per-prompt '{"video": 0}'""" in found
+    fixed = EngineSettings(limit_mm_per_prompt='{"video": 0}')
+    b = estimate(spec, hardware=a40, settings=fixed, version=CURRENT_VLLM)
+    # Images still come: the tower is built and one image profiled.
+    assert b.fits and b.additions.encoder_modality == "image"
+    assert b.additions.encoder_items == 1 and b.additions.vision_tower_bytes > 0
 
 
 def test_expert_parallel_holds_whole_experts_and_data_parallel_splits_them_too() -> None:

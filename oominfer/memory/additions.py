@@ -233,18 +233,21 @@ def item_limit(limits: dict[str, Any], modality: str) -> int:
     return int(value.get("count", 999) if isinstance(value, dict) else value)
 
 
-def mm_item_count(limits: dict[str, Any]) -> int | None:
-    """Items per prompt over every modality (None: vLLM's defaults, 999 each)."""
+def mm_item_count(spec: ModelSpec, limits: dict[str, Any]) -> int | None:
+    """Items per prompt over the modalities the model takes (None: vLLM's defaults, 999
+    each): images, and videos where Qwen2-VL's are modelled; a modality the limits leave out
+    keeps vLLM's 999."""
     if not limits:
         return None
-    return sum(item_limit(limits, modality) for modality in limits)
+    modalities = {"image", *limits} | ({"video"} if spec.video_frames_per_group else set())
+    return sum(item_limit(limits, modality) for modality in sorted(modalities))
 
 
 def tower_built(spec: ModelSpec, s: EngineSettings) -> bool:
     """Whether vLLM builds the model's vision tower: limits of 0 for every modality leave it
     unbuilt, its weights unloaded (vllm/model_executor/models/interfaces.py
     ``_mark_tower_model``: ``StageMissingLayer``)."""
-    return spec.params.vision > 0 and mm_item_count(s.mm_limits) != 0
+    return spec.params.vision > 0 and mm_item_count(spec, s.mm_limits) != 0
 
 
 def vision_tower_bytes(spec: ModelSpec, s: EngineSettings, *, dtype: str) -> int:
@@ -294,7 +297,7 @@ def encoder_items(
     ``budget // per_item`` items; the decoder side ``max_num_seqs`` x the items one prompt
     takes (its limit, at most ``max_model_len // per_item``, at least 1); at least one.
     """
-    if not spec.mm_tokens_per_item or mm_item_count(s.mm_limits) == 0:
+    if not spec.mm_tokens_per_item or mm_item_count(spec, s.mm_limits) == 0:
         return 0
     modality, per_item = profiled_item(spec, s, max_len=max_len)
     limit = item_limit(s.mm_limits, modality)

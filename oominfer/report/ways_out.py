@@ -71,9 +71,14 @@ def _tries(
 
 
 def _operator_tries(s: EngineSettings, b: MemoryBreakdown) -> list[tuple[str, EngineSettings]]:
-    """Smaller operator additions, tried before quantizing (README: what operators add): fewer
-    LoRA slots, a lower rank, a prompt-lookup (ngram) draft instead of a model's."""
+    """Smaller operator additions, tried before quantizing (README: what operators add): no
+    videos where vLLM profiles a dummy video (images kept), fewer LoRA slots, a lower rank,
+    a prompt-lookup (ngram) draft instead of a model's."""
     tries = []
+    if b.additions.encoder_modality == "video":
+        limits = compact_json({**s.mm_limits, "video": 0})
+        tries.append((f"{flag('limit_mm_per_prompt')} '{limits}'",
+                      dataclasses.replace(s, limit_mm_per_prompt=limits)))  # fmt: skip
     if b.additions.lora_bytes and s.max_loras > 1:
         fewer = max(1, s.max_loras // 2)
         tries.append((f"{flag('max_loras')} {fewer}", dataclasses.replace(s, max_loras=fewer)))
