@@ -17,6 +17,7 @@ version) go in, the estimator's one set of constants does the rest.
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
 import json
 import re
@@ -190,6 +191,18 @@ def _quoted_flag(point: dict[str, Any], name: str) -> str | None:
     return m.group(1) if m else None
 
 
+def _args_dict(point: dict[str, Any], name: str) -> str | None:
+    """A dict-valued setting of the log's "non-default args" line ({'method': 'mtp', ...}),
+    as JSON, or None."""
+    m = re.search(rf"'{name}': (\{{[^{{}}]*\}})", point.get("quote") or "")
+    if m is None:
+        return None
+    try:
+        return json.dumps(ast.literal_eval(m.group(1)))
+    except (ValueError, SyntaxError):
+        return None
+
+
 def inputs(
     point: dict[str, Any],
 ) -> tuple[ModelSpec, Hardware, EngineSettings, EngineVersion] | None:
@@ -215,7 +228,8 @@ def inputs(
                 r"--enable-expert-parallel|'enable_expert_parallel': True", point.get("quote") or ""
             )
         ),
-        speculative_config=_quoted_flag(point, "--speculative-config"),
+        speculative_config=_quoted_flag(point, "--speculative-config")
+        or _args_dict(point, "speculative_config"),
         enable_prefix_caching=point.get("enable_prefix_caching"),
         kv_cache_dtype=_kv_dtype(point.get("kv_cache_dtype")),  # type: ignore[arg-type]
         cpu_offload_gb=point.get("cpu_offload_gb") or 0,
@@ -275,7 +289,11 @@ def replay(point: dict[str, Any]) -> dict[str, Any]:
     spec, hw, settings, version = given
     model_id = spec.model_id
     gpu = _gpu(point)
-    b = estimate(spec, hardware=hw, settings=settings, version=version)
+    try:
+        b = estimate(spec, hardware=hw, settings=settings, version=version)
+    except OominferError as err:  # a draft model the catalog lacks, a refused flag
+        row["skip"] = f"estimate refused: {err}"
+        return row
     row.update(model=model_id, version=".".join(map(str, version.release)), v1=version.v1)
 
     measured_w = measured_weights_gib(point)
