@@ -25,11 +25,11 @@ from oominfer.speed.roofline import (
     BANDWIDTH_EFFICIENCY,
     COMPUTE_EFFICIENCY,
     FOUR_BIT_BANDWIDTH_EFFICIENCY,
-    MOE_READ_SHARE,
     REQUEST_OVERHEAD_S,
     Bound,
     Chip,
     Stage,
+    moe_read_share,
     step_time,
 )
 from oominfer.speed.workload import Workload
@@ -93,7 +93,7 @@ def chip(gpu: GpuSpec, settings: EngineSettings, spec: ModelSpec) -> Chip | None
     link = (gpu.interconnect_gbps or DEFAULT_LINK_GBPS) / 2 * 1e9
     return Chip(
         bandwidth=gpu.memory_bandwidth_gbps * 1e9 * efficiency,
-        expert_bandwidth=gpu.memory_bandwidth_gbps * 1e9 * efficiency * MOE_READ_SHARE,
+        expert_bandwidth=gpu.memory_bandwidth_gbps * 1e9 * efficiency * moe_read_share(gpu),
         flops=flops * COMPUTE_EFFICIENCY,
         link=link,
         all_reduce_latency_s=ALL_REDUCE_LATENCY_S[gpu.interconnect],

@@ -14,7 +14,10 @@ The efficiency constants are fitted on shared/calibration/throughput_points.json
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import TYPE_CHECKING, Final, Literal
+
+if TYPE_CHECKING:
+    from oominfer.hardware.gpu import GpuSpec
 
 Bound = Literal["memory", "compute"]
 
@@ -29,13 +32,15 @@ Bound = Literal["memory", "compute"]
 BANDWIDTH_EFFICIENCY: Final = 0.70
 """Decode reads weights and KV cache at this share of the HBM bandwidth (single-stream
 dense points sit at 1.15-1.6x the pure bandwidth bound, floor included)."""
-MOE_READ_SHARE: Final = 0.64
-"""The fused-MoE kernels read the experts a step touches at this share of what dense GEMMs
-reach (0.45 of the HBM bandwidth at BANDWIDTH_EFFICIENCY): tokens sorted and padded per
-expert, one small GEMM per expert block. Set so the MoE points of throughput_points.jsonl
-(t17, t31-t34: Mixtral, Nemotron-3-Nano, DeepSeek-R1; H100 to B200, one to 605 streams)
-centre on their measurements: at the dense share their output tokens/s came out 1.01-1.46x
-(median 1.19x) the measured; now 0.99-1.16x."""
+MOE_READ_HALF_BANDWIDTH_GBPS: Final = 8000.0
+"""The fused-MoE kernels read the experts a step touches at a share of what dense GEMMs reach
+that falls with the memory's speed, 1 / (1 + bandwidth / this): their fixed costs per expert
+block (tokens sorted and padded per expert, one small GEMM each) hide behind slow memory and
+show on fast HBM. 0.70 on an H100, 0.63 on an H200, 0.50 on a B200, 0.97 on a GB10's
+LPDDR5x. Set on the MoE points of both sets (Mixtral, Nemotron-3-Nano, DeepSeek-R1, gpt-oss;
+GB10 to B200, one to 1,000 streams): one share for every GPU (0.64) left the GB10's
+Nemotron at 0.44x its measured tokens/s; this one moves the HBM points by under 5% and the
+median error of output tokens/s over both sets from 11.2% to 8.0%."""
 COMPUTE_EFFICIENCY: Final = 0.40
 MOE_COMPUTE_SHARE: Final = 0.75
 """The fused-MoE kernels reach at most this share of the dense GEMMs' FLOPs/s on the routed
@@ -99,7 +104,7 @@ class Chip:
     bandwidth: float
     """Bytes per second the weights and KV cache are read at."""
     expert_bandwidth: float
-    """Bytes per second the routed experts are read at (MOE_READ_SHARE of ``bandwidth``)."""
+    """Bytes per second the routed experts are read at (``moe_read_share`` of ``bandwidth``)."""
     flops: float
     """FLOPs per second the GEMMs reach at the weights' compute dtype."""
     link: float
@@ -154,6 +159,12 @@ def touched_expert_share(share: float, tokens: float) -> float:
         return 0.0
     missed: float = (1.0 - min(share, 1.0)) ** tokens
     return 1.0 - missed
+
+
+def moe_read_share(gpu: GpuSpec) -> float:
+    """The share of the dense read rate the fused-MoE kernels reach on ``gpu``'s memory
+    (MOE_READ_HALF_BANDWIDTH_GBPS)."""
+    return 1 / (1 + (gpu.memory_bandwidth_gbps or 0) / MOE_READ_HALF_BANDWIDTH_GBPS)
 
 
 def moe_compute_share(width: int) -> float:
