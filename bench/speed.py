@@ -73,6 +73,11 @@ STAND_INS: Final[dict[str, tuple[str, str | None]]] = {
     "mistralai/Mixtral-8x7B": ("mistralai/Mixtral-8x7B-v0.1", None),
     "deepseek-ai/DeepSeek-R1-0528": ("deepseek-ai/DeepSeek-R1", None),
     "DeepSeek-R1-0528-AWQ": ("deepseek-ai/DeepSeek-R1", "awq"),
+    # Same architecture and weight format as a catalog checkpoint: the 2507 FP8 refresh, the
+    # Qwen3-Next Instruct beside its Thinking twin, a Japanese fine-tune of phi-4 (14B).
+    "Qwen/Qwen3-235B-A22B-Instruct-2507-FP8": ("Qwen/Qwen3-235B-A22B-FP8", None),
+    "Qwen/Qwen3-Next-80B-A3B-Instruct": ("Qwen/Qwen3-Next-80B-A3B-Thinking", None),
+    "shisa-ai/shisa-v2-unphi4-14b": ("microsoft/phi-4", None),
     # Qwen's own 4-bit checkpoints of catalog models (group 128).
     "Qwen/Qwen3-8B-AWQ": ("Qwen/Qwen3-8B", "awq"),
     "Qwen/Qwen3-14B-AWQ": ("Qwen/Qwen3-14B", "awq"),
@@ -102,6 +107,10 @@ def _gpu(text: str) -> GpuSpec | None:
     t = text.upper()
     if re.search(r"\bGB10\b", t):
         return find_gpu("GB10")
+    if "RTX PRO 6000" in t:
+        return find_gpu("RTX-PRO-6000-Blackwell" + ("-Server" if "SERVER" in t else ""))
+    if "RTX A6000" in t:
+        return find_gpu("RTX-A6000")
     m = re.search(r"\b([ABHL]\d{1,3}S?G?|RTX \d{4})\b", t)
     if m is None:
         return None

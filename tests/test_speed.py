@@ -116,6 +116,22 @@ TODAY_EXTRA: dict[str, dict[str, float]] = {
     "u21": {"output_tokens_per_s": 1.107, "tpot_s": 0.903},
     "u22": {"output_tokens_per_s": 1.112, "tpot_s": 0.899},
     "u24": {"output_tokens_per_s": 1.019, "tpot_s": 0.659},
+    # vllm bench serve at a stated --max-concurrency (a second gathering). The consumer and
+    # workstation cards run faster than the roofline's one set of efficiencies says: the
+    # RTX 4090 streams its weights at 88% of its datasheet bandwidth single-stream (v01), the
+    # RTX PRO 6000's mixed steps (v08: 128 decodes beside ~300 prompt tokens) at 77% of its
+    # 16-bit peak; a global change of either moved the other sets more than it helped.
+    "v01": {"output_tokens_per_s": 0.749, "tpot_s": 1.328},
+    "v02": {"output_tokens_per_s": 0.818, "tpot_s": 1.291},
+    "v03": {"output_tokens_per_s": 0.857, "tpot_s": 1.351},
+    "v04": {"output_tokens_per_s": 0.881, "tpot_s": 1.158},
+    "v05": {"output_tokens_per_s": 0.818, "tpot_s": 1.247},
+    "v06": {"output_tokens_per_s": 0.84, "tpot_s": 1.26},
+    "v07": {"output_tokens_per_s": 1.112, "tpot_s": 0.988},
+    "v08": {"output_tokens_per_s": 0.674, "tpot_s": 2.239},
+    "v09": {"output_tokens_per_s": 1.216, "tpot_s": 0.839},
+    "v10": {"output_tokens_per_s": 0.691, "tpot_s": 1.704},
+    "v11": {"output_tokens_per_s": 1.299, "tpot_s": 0.825},
 }
 
 
@@ -139,7 +155,7 @@ def test_each_gathered_point_stays_where_it_is(
 def test_the_gathered_medians_meet_the_target(replayed_extra: dict[str, dict[str, Any]]) -> None:
     bench = load_script("bench/speed.py")
     s = bench.summary(list(replayed_extra.values()))
-    # Today 7.6% and 11.9% (18 and 23 points).
+    # Today 11.2% and 19.4% (29 and 34 points).
     assert s["output_tokens_per_s"]["median_abs_error"] <= 0.25
     assert s["tpot_s"]["median_abs_error"] <= 0.25
 
