@@ -97,6 +97,12 @@ QUANTIZED_STAND_INS: dict[str, tuple[str, QuantSpec]] = {
         "Qwen/Qwen2.5-7B-Instruct",
         QuantSpec(method="awq", bits=4, group_size=128),
     ),
+    # huggingface.co/RedHatAI/Qwen3-0.6B-quantized.w4a16: compressed-tensors, int4 weights in
+    # groups of 128 (its embeddings, tied, stay 16-bit).
+    "RedHatAI/Qwen3-0.6B-quantized.w4a16": (
+        "Qwen/Qwen3-0.6B",
+        QuantSpec(method="compressed-tensors", bits=4, group_size=128),
+    ),
     # huggingface.co/TechxGenus/Meta-Llama-3-70B-Instruct-AWQ: awq, 4 bits, group 128, of
     # Llama-3-70B (the 3.1 shapes; its 8k context in CONFIG_DIFFERENCES).
     "TechxGenus/Meta-Llama-3-70B-Instruct-AWQ": (
