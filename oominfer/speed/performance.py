@@ -286,7 +286,39 @@ def predict_burst(
     if cap < 1:
         return None
     outputs = _output_lengths(requests, w.output_len, spread)
-    chunk = breakdown.max_num_batched_tokens
+    run = _run_burst(s, c, w, outputs, cap=cap, chunk=breakdown.max_num_batched_tokens, pp=pp)
+    if run is None:
+        return None
+    first, finish, clock, bound_at_full = run
+    total = clock + REQUEST_OVERHEAD_S
+    tokens = sum(outputs)
+    tpots = [(finish[j] - first[j]) / (outputs[j] - 1) for j in range(requests) if outputs[j] > 1]
+    bound = bound_at_full or step_time(s, c, decodes=cap, context=w.total_len).bound
+    return Performance(
+        ttft_s=REQUEST_OVERHEAD_S + sum(first) / requests,
+        tpot_s=sum(tpots) / len(tpots) if tpots else 0.0,
+        output_tokens_per_s=tokens / total,
+        requests_per_s=requests / total,
+        concurrency=cap,
+        input_len=w.input_len,
+        output_len=w.output_len,
+        bound=bound,
+        requested_concurrency=requests,
+        limited_by=None
+        if cap >= requests
+        else ("max_num_seqs" if cap >= breakdown.max_num_seqs else "kv_cache"),
+    )
+
+
+def _run_burst(
+    s: Stage, c: Chip, w: Workload, outputs: list[int], *, cap: int, chunk: int, pp: int
+) -> tuple[list[float], list[float], float, Bound | None] | None:
+    """Step a burst through vLLM's scheduler: each step decodes one token for every request
+    that has its first and gives what is left of ``chunk`` tokens to the prompts in arrival
+    order, admitting new requests while fewer than ``cap`` run. Returns each request's
+    first-token and finish times, the run's duration, and what bounded the first full step
+    (None where nothing could run)."""
+    requests = len(outputs)
     first = [0.0] * requests
     finish = [0.0] * requests
     first_step = [0] * requests
@@ -297,7 +329,8 @@ def predict_burst(
     admitted = 0  # requests whose prompt has begun
     done_prompt = 0  # tokens of the oldest unfinished prompt already computed
     prompting = 0  # index of that prompt
-    clock, step, bound_at_full = 0.0, 0, None
+    clock, step = 0.0, 0
+    bound_at_full: Bound | None = None
     while decoding or prompting < requests:
         n_dec = len(decoding)
         budget = max(chunk - n_dec, 0)
@@ -317,6 +350,8 @@ def predict_burst(
             if computed >= w.input_len:
                 finished_prompts.append(i)
                 i, computed = i + 1, 0
+        if not n_dec and not prefill:  # nothing could run (cannot happen with cap >= 1)
+            return None
         prompting, done_prompt = i, computed
         context = w.input_len + (step * n_dec - started_sum) / n_dec if n_dec else 0.0
         t = step_time(
@@ -336,32 +371,12 @@ def predict_burst(
             started_sum -= first_step[j]
             finish[j] = clock
         for j in finished_prompts:
-            first[j] = clock
-            finish[j] = clock
+            first[j] = finish[j] = clock
             if outputs[j] > 1:
                 first_step[j] = step
                 started_sum += step
                 heapq.heappush(decoding, (step + outputs[j] - 1, j))
-        if not n_dec and not prefill:  # nothing could run (cannot happen with cap >= 1)
-            return None
-    total = clock + REQUEST_OVERHEAD_S
-    tokens = sum(outputs)
-    tpots = [(finish[j] - first[j]) / (outputs[j] - 1) for j in range(requests) if outputs[j] > 1]
-    bound = bound_at_full or step_time(s, c, decodes=cap, context=w.total_len).bound
-    return Performance(
-        ttft_s=REQUEST_OVERHEAD_S + sum(first) / requests,
-        tpot_s=sum(tpots) / len(tpots) if tpots else 0.0,
-        output_tokens_per_s=tokens / total,
-        requests_per_s=requests / total,
-        concurrency=cap,
-        input_len=w.input_len,
-        output_len=w.output_len,
-        bound=bound,
-        requested_concurrency=requests,
-        limited_by=None
-        if cap >= requests
-        else ("max_num_seqs" if cap >= breakdown.max_num_seqs else "kv_cache"),
-    )
+    return first, finish, clock, bound_at_full
 
 
 def _output_lengths(requests: int, mean: int, spread: bool) -> list[int]:
