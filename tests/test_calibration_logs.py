@@ -44,16 +44,15 @@ _MOE_PEAK = (
     "1.6 GiB is not, nor part of the per-token MoE buffers"
 )
 XFAIL: dict[tuple[str, str], str] = {
-    ("dp01", "kv_cache"): f"{_V0}: 2.07 GiB estimated vs 2.36 logged",
-    ("dp04", "kv_cache"): f"{_V0}: 2.53 GiB estimated vs 2.89 logged",
+    ("dp04", "kv_cache"): f"{_V0}: 2.57 GiB estimated vs 2.89 logged",
     ("dp54", "kv_cache"): f"{_V0}; bitsandbytes weights dequantized in the forward and "
     "LoRA's Punica buffers (Unsloth) are in its profiling peak: 3.05 GiB estimated vs 2.64",
-    ("c01", "kv_cache"): f"{_MOE_PEAK}: 13.75 GiB estimated vs 12.15 logged",
-    ("c02", "kv_cache"): f"{_MOE_PEAK}: 5.94 GiB estimated vs 4.15 logged",
+    ("c01", "kv_cache"): f"{_MOE_PEAK}: 13.64 GiB estimated vs 12.15 logged",
+    ("c02", "kv_cache"): f"{_MOE_PEAK}: 5.84 GiB estimated vs 4.15 logged",
     ("c19", "kv_cache"): "the author's 'approximate' transcription adds up with no graph "
     "reserve and a logits-only sampler: Model Runner V2, the default for dense models from "
     "0.25.1, whose profile_cudagraph_memory returned 0 then (vllm issue #49224); the model "
-    "follows the V1 runner until 0.32: 6.66 GiB estimated vs 7.48",
+    "follows the V1 runner until 0.32: 6.52 GiB estimated vs 7.48",
     ("dp13", "activation"): f"{_V0}: it peaks 0.51 GiB below the estimate",
     ("dp14", "activation"): f"{_V0}: it peaks 0.51 GiB below the estimate",
     ("dp16", "activation"): f"{_V0}; bitsandbytes dequantizes each 4-bit weight in the "
@@ -68,7 +67,7 @@ XFAIL: dict[tuple[str, str], str] = {
     ("dp54", "cuda_graphs"): "LoRA's Punica buffers are captured with the graphs",
     ("x09", "kv_cache"): "Qwen3-30B-A3B-FP8 on a GB10 (unified memory, 0.13): 1.3 GiB "
     "more held beside the weights than estimated, where the dense FP8 x13 on the same "
-    "machine is within 0.6 GiB: 5.31 GiB estimated vs 4.04",
+    "machine is within 0.6 GiB: 5.37 GiB estimated vs 4.04",
     ("x09", "cuda_graphs"): "the same MoE's 51 + 35 graphs took 1.28 GiB on the GB10, where "
     "the per-layer terms fitted on discrete GPUs give 0.73",
     ("y01", "cuda_graphs"): "eight PCIe GPUs: NCCL's all-reduces captured into every graph "
@@ -86,11 +85,14 @@ XFAIL: dict[tuple[str, str], str] = {
     ("c16", "verdict"): "0.11 captures its graphs above the budget, which the model checks "
     "(memory/profile.py post_capture_short), but this GPU's capture took 3.49 GiB (a foreign "
     "494 MiB process beside it, four engines started at once) against the 0.56 GiB fitted",
-    ("g3-13", "kv_cache"): "the same flags gave 0.49 GiB here and 0.41 GiB (a failed start, "
-    "g3-14) on the same RTX 3090 minutes apart: run-to-run noise at the edge of the budget, "
-    "where 0.43 is estimated",
-    ("g3-13", "verdict"): "the same flags started here and failed in g3-14 (0.44 GiB needed, "
-    "0.49 and 0.41 available): the estimate, 0.43, sits between the two runs",
+    ("g3-14", "kv_cache"): "the same flags gave 0.41 GiB here (a failed start) and 0.49 GiB "
+    "(g3-13) on the same RTX 3090 minutes apart: run-to-run noise at the edge of the budget, "
+    "where 0.49 is estimated",
+    ("g3-14", "verdict"): "the same flags failed here and started in g3-13 (0.44 GiB needed, "
+    "0.41 and 0.49 available): the estimate, 0.49, follows the start",
+    ("c08", "kv_cache"): "0.9.0.1's multimodal profiling on an L4 left 1.81 GiB where 1.99 is "
+    "estimated (its 0.51 GiB graph pool, a third of the other early-V1 logs', is an xfail "
+    "too)",
     ("g6-06", "weights"): "a 0.5 GiB int4 checkpoint, where 28 MiB more than the tensors "
     "(the rotary cos/sin cache, 10 MiB at Qwen3's 40,960 positions, and Marlin's repacking) "
     "is 5%: 0.503 GiB estimated vs 0.53",

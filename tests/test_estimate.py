@@ -19,7 +19,7 @@ from oominfer.memory.profile import (
     GRAPH_BYTES_PER_LAYER_PIECEWISE,
     graph_estimate_excess,
 )
-from oominfer.memory.weights import mxfp4_expert_ratio, weights_bytes
+from oominfer.memory.weights import mxfp4_expert_ratio, rope_cache_bytes, weights_bytes
 from oominfer.model.catalog import catalog_entry
 from oominfer.model.config import spec_from_config
 from oominfer.model.load import load_spec
@@ -190,7 +190,11 @@ def test_weights_llama_8b_bf16() -> None:
     # 8,030,261,248 parameters x 2 bytes = 16,060,522,496 (vocab 128256 is a multiple of 64,
     # so vLLM adds no padding)
     assert weights_bytes(LLAMA_8B, dtype="bfloat16") == 16_060_522_496
-    assert run(LLAMA_8B, max_model_len=8192).weights_bytes == 16_060_522_496
+    # Each GPU also holds vLLM's rotary cos/sin cache, built while the model loads (and so
+    # in "Model loading took"): 131,072 positions x 128 columns x 2 bytes.
+    rope = 131_072 * 128 * 2
+    assert rope_cache_bytes(LLAMA_8B, dtype="bfloat16") == rope
+    assert run(LLAMA_8B, max_model_len=8192).weights_bytes == 16_060_522_496 + rope
 
 
 def test_weights_gptq_by_hand() -> None:
@@ -248,8 +252,9 @@ def test_quantized_weights_lower_than_bf16(model_id: str, max_bytes_per_param: f
 def test_tensor_parallel_halves_weights() -> None:
     one = run(LLAMA_8B, max_model_len=8192)
     two = run(LLAMA_8B, gpus=2, max_model_len=8192, tensor_parallel_size=2)
-    # 16,060,522,496 / 2 = 8,030,261,248
-    assert two.weights_bytes == one.weights_bytes // 2 == 8_030_261_248
+    # 16,060,522,496 / 2 = 8,030,261,248; the rotary cache is whole on each GPU.
+    rope = rope_cache_bytes(LLAMA_8B, dtype="bfloat16")
+    assert two.weights_bytes - rope == (one.weights_bytes - rope) // 2 == 8_030_261_248
 
 
 def test_pipeline_parallel_puts_the_embedding_on_the_busiest_stage() -> None:

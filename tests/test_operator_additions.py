@@ -28,7 +28,7 @@ from oominfer.memory.additions import (
 )
 from oominfer.memory.breakdown import MemoryBreakdown
 from oominfer.memory.estimate import estimate
-from oominfer.memory.weights import weights_bytes
+from oominfer.memory.weights import rope_cache_bytes, weights_bytes
 from oominfer.model.load import load_spec
 from oominfer.planning.document import Plan
 from oominfer.rules.versions import CURRENT_VLLM, EngineVersion
@@ -478,7 +478,9 @@ def test_the_vision_tower_is_in_the_weights_once() -> None:
     assert b.additions.vision_tower_bytes == 423_058_032 * 2
     assert b.additions.non_kv_bytes == b.additions.multimodal_bytes  # the tower not again
     text_only = dataclasses.replace(spec, params=dataclasses.replace(spec.params, vision=0))
-    assert b.weights_bytes - weights_bytes(text_only, dtype="bfloat16") == 423_058_032 * 2
+    rope = rope_cache_bytes(spec, dtype="bfloat16")
+    text = weights_bytes(text_only, dtype="bfloat16") + rope
+    assert b.weights_bytes - text == 423_058_032 * 2
     unbuilt = of("google/gemma-3-27b-it", h100, limit_mm_per_prompt='{"image": 0}')
     assert unbuilt.additions.vision_tower_bytes == 0
     assert b.weights_bytes - unbuilt.weights_bytes == 423_058_032 * 2

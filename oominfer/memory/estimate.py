@@ -61,6 +61,7 @@ from oominfer.memory.weights import (
     mxfp4_expert_ratio,
     pp_layer_ranges,
     resolve_dtype,
+    rope_cache_bytes,
     stage_expert_bytes,
     stage_weights,
 )
@@ -240,7 +241,7 @@ def estimate(
         experts, per_gpu = expert_share(spec, s, expert_stages[index])
         if s.data_parallel_size > 1 or s.enable_expert_parallel:
             stage_bytes = (stage_bytes - expert_stages[index]) + experts * tp
-        weights = max(0, stage_bytes // tp - offload)
+        weights = max(0, stage_bytes // tp - offload) + rope_cache_bytes(spec, dtype=dtype)
         added = dataclasses.replace(extra, expert_weights_bytes=experts, experts_per_gpu=per_gpu)
         in_budget_extra = added.non_kv_bytes - (
             0 if version.graphs_in_budget else added.speculative_graph_bytes

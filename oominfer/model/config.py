@@ -178,6 +178,7 @@ def _parse(raw: Mapping[str, Any], *, model_id: str, checkpoint: Checkpoint, src
             "mtp_num_hidden_layers",
             default=_MTP_LAYERS_UNSTATED.get(model_type, 0),
         ),
+        rotary_dim=_rotary_dim(cfg, head_dim, rope_dim),
         mm_tokens_per_item=_mm_tokens_per_item(cfg),
         video_frames_per_group=_video_frames_per_group(cfg),
         vision_encoder=vision_encoder(r),
@@ -195,6 +196,22 @@ _MTP_LAYERS_UNSTATED: Final[dict[str, int]] = {"qwen3_next": 1}
 
 # Qwen2-VL's image processor: max_pixels 12,845,056 / (14 x 14 patches) / (2 x 2 merge).
 _DYNAMIC_RESOLUTION_TOKENS = 12_845_056 // (14 * 14) // 4
+
+
+_ROPE_KEYS: Final = ("rope_theta", "rope_scaling", "rope_parameters", "rotary_emb_base")
+
+
+def _rotary_dim(cfg: Mapping[str, Any], head_dim: int, rope_dim: int | None) -> int:
+    """Columns of a head that rotary embeddings turn: MLA's rope part, else the head times
+    ``partial_rotary_factor``; 0 for a config that names no rotary embedding (learned or
+    ALiBi positions: OPT, GPT-2, BLOOM)."""
+    if not any(key in cfg for key in _ROPE_KEYS):
+        return 0
+    if rope_dim:
+        return rope_dim
+    factor = cfg.get("partial_rotary_factor", 1.0)
+    share = float(factor) if isinstance(factor, int | float) and 0 < factor <= 1 else 1.0
+    return int(head_dim * share)
 
 
 # Checkpoints whose vLLM processing (vllm/model_executor/models/qwen2_vl.py

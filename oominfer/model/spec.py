@@ -179,6 +179,8 @@ class ModelSpec:
     mtp_layers: int = 0
     """Multi-token-prediction layers the checkpoint carries (``num_nextn_predict_layers``):
     what ``--speculative-config '{"method": "mtp"}'`` drafts with."""
+    rotary_dim: int = 0
+    """Columns of a head that rotary embeddings turn (MLA: the rope part); 0 without them."""
     mm_tokens_per_item: int = 0
     """Language-model tokens one image becomes, at most (0: a text-only model)."""
     video_frames_per_group: int = 0
