@@ -93,6 +93,9 @@ XFAIL: dict[tuple[str, str], str] = {
     ("c08", "kv_cache"): "0.9.0.1's multimodal profiling on an L4 left 1.81 GiB where 1.99 is "
     "estimated (its 0.51 GiB graph pool, a third of the other early-V1 logs', is an xfail "
     "too)",
+    ("g7-01", "weights"): "Llama-4-Scout at TP 8 holds 1.4 GiB a GPU above its tensors and the "
+    "2.5 GiB rotary cache over its 10,485,760 positions (without the cache it was 14% light): "
+    "26.38 GiB estimated vs 27.81",
     ("g6-06", "weights"): "a 0.5 GiB int4 checkpoint, where 28 MiB more than the tensors "
     "(the rotary cos/sin cache, 10 MiB at Qwen3's 40,960 positions, and Marlin's repacking) "
     "is 5%: 0.503 GiB estimated vs 0.53",
