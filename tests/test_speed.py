@@ -135,21 +135,30 @@ TODAY_EXTRA: dict[str, dict[str, float]] = {
 }
 
 
+def _replay(path: Path) -> dict[str, dict[str, Any]]:
+    """Each point of a measurement file through bench/speed.py, by id."""
+    bench = load_script("bench/speed.py")
+    return {r["id"]: r for r in (bench.replay(p) for p in bench.load_points(path))}
+
+
+def _stays_where_it_is(row: dict[str, Any], pinned: dict[str, float]) -> None:
+    """The point's predicted/measured ratios are within DRIFT of the pinned ones."""
+    assert "errors" in row, row.get("skip")
+    for key, ratio in pinned.items():
+        now = 1 + row["errors"][key]
+        assert abs(math.log(now / ratio)) <= math.log(1 + DRIFT), (key, now, ratio)
+
+
 @pytest.fixture(scope="module")
 def replayed_extra() -> dict[str, dict[str, Any]]:
-    bench = load_script("bench/speed.py")
-    return {r["id"]: r for r in (bench.replay(p) for p in bench.load_points(EXTRA))}
+    return _replay(EXTRA)
 
 
 @pytest.mark.parametrize("point", sorted(TODAY_EXTRA))
 def test_each_gathered_point_stays_where_it_is(
     replayed_extra: dict[str, dict[str, Any]], point: str
 ) -> None:
-    row = replayed_extra[point]
-    assert "errors" in row, row.get("skip")
-    for key, ratio in TODAY_EXTRA[point].items():
-        now = 1 + row["errors"][key]
-        assert abs(math.log(now / ratio)) <= math.log(1 + DRIFT), (key, now, ratio)
+    _stays_where_it_is(replayed_extra[point], TODAY_EXTRA[point])
 
 
 def test_the_gathered_medians_meet_the_target(replayed_extra: dict[str, dict[str, Any]]) -> None:
@@ -162,19 +171,14 @@ def test_the_gathered_medians_meet_the_target(replayed_extra: dict[str, dict[str
 
 @pytest.fixture(scope="module")
 def replayed() -> dict[str, dict[str, Any]]:
-    bench = load_script("bench/speed.py")
-    return {r["id"]: r for r in (bench.replay(p) for p in bench.load_points(POINTS))}
+    return _replay(POINTS)
 
 
 @pytest.mark.parametrize("point", sorted(TODAY))
 def test_each_published_point_stays_where_it_is(
     replayed: dict[str, dict[str, Any]], point: str
 ) -> None:
-    row = replayed[point]
-    assert "errors" in row, row.get("skip")
-    for key, ratio in TODAY[point].items():
-        now = 1 + row["errors"][key]
-        assert abs(math.log(now / ratio)) <= math.log(1 + DRIFT), (key, now, ratio)
+    _stays_where_it_is(replayed[point], TODAY[point])
 
 
 def test_the_medians_meet_the_target(replayed: dict[str, dict[str, Any]]) -> None:

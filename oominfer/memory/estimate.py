@@ -232,6 +232,7 @@ def estimate(
     block = block_size(spec, gpu, device=device, kv_cache_dtype=s.kv_cache_dtype)
     blocks_of_state = state_blocks(state_blocks_per_request(spec, gpu, version), s)
     seen: dict[tuple[int, tuple[str, ...]], MemoryBreakdown] = {}
+    rope = rope_cache_bytes(spec, dtype=dtype)  # whole on every GPU of every stage
     for index, (stage_bytes, layers) in enumerate(zip(stages, ranges, strict=True)):
         kinds = tuple(spec.layer_kinds[i] for i in layers)
         key = (stage_bytes, kinds)
@@ -241,7 +242,7 @@ def estimate(
         experts, per_gpu = expert_share(spec, s, expert_stages[index])
         if s.data_parallel_size > 1 or s.enable_expert_parallel:
             stage_bytes = (stage_bytes - expert_stages[index]) + experts * tp
-        weights = max(0, stage_bytes // tp - offload) + rope_cache_bytes(spec, dtype=dtype)
+        weights = max(0, stage_bytes // tp - offload) + rope
         added = dataclasses.replace(extra, expert_weights_bytes=experts, experts_per_gpu=per_gpu)
         in_budget_extra = added.non_kv_bytes - (
             0 if version.graphs_in_budget else added.speculative_graph_bytes

@@ -122,8 +122,8 @@ def _addition_rows(b: MemoryBreakdown) -> list[tuple[str, str]]:
         rows.append(("  vision tower", f"{format_bytes(a.vision_tower_bytes)} of the weights"))
     if a.multimodal_bytes:
         kind = a.encoder_modality
-        images = f"{a.encoder_items} {kind}{'s' if a.encoder_items != 1 else ''}"
-        rows.append(("  encoder cache", f"{format_bytes(a.multimodal_bytes)} ({images} profiled)"))
+        items = f"{a.encoder_items} {kind}{'s' if a.encoder_items != 1 else ''}"
+        rows.append(("  encoder cache", f"{format_bytes(a.multimodal_bytes)} ({items} profiled)"))
     if a.experts_per_gpu:
         rows.append(("  experts (EP)", f"{a.experts_per_gpu} per GPU, "
                      f"{format_bytes(a.expert_weights_bytes)} of the weights"))  # fmt: skip
