@@ -239,6 +239,44 @@ def test_blackwell_captures_graphs_up_to_1024() -> None:
     assert attention.capture_sizes(256, 2048) == 3 + 31 + 17
 
 
+def test_speculative_decoding_widens_and_rounds_the_capture_sizes() -> None:
+    """vllm/config/vllm.py: the top is 2 x max_num_seqs x (1 + drafted tokens); with FULL
+    decode graphs the V1 runner rounds the sizes up to multiples of that query length
+    (config/compilation.py adjust_cudagraph_sizes_for_spec_decode)."""
+    v020 = EngineVersion.parse("0.20.1")
+    # 2 sequences, 3 MTP tokens: [1, 2, 4, 8, 16] PIECEWISE; rounded to [4, 8, 16] with
+    # FULL graphs for the decode steps of up to 2 x 4 = 8 tokens.
+    assert attention.graph_counts(v020, 2, 8192, decode_query_len=4) == (3, 2)
+    assert attention.graph_counts(v020, 2, 8192, decode_query_len=4, full_graphs=False) == (5, 0)
+    assert attention.graph_counts(v020, 2, 8192) == (3, 2)  # [1, 2, 4], no drafting
+    # The V2 runner (0.32+) keeps the token grid as it is.
+    assert attention.graph_counts(LATEST_VLLM, 2, 8192, decode_query_len=4) == (5, 4)
+
+
+def test_flashinfer_below_hopper_drops_full_graphs_under_speculative_decoding() -> None:
+    """The 0.20.2 log on RTX 3090s: "FULL_AND_PIECEWISE is not supported with spec-decode
+    for attention backend FlashInferBackend ... setting cudagraph_mode=PIECEWISE"."""
+    qwen = load_spec("Qwen/Qwen3-8B")
+    v020 = EngineVersion.parse("0.20.1")
+
+    def full(gpu: str, kv: str, q: int = 4, version: EngineVersion = v020) -> bool:
+        return attention.spec_decode_full_graphs(
+            qwen, find_gpu(gpu), version, kv_cache_dtype=kv, decode_query_len=q
+        )
+
+    assert not full("RTX-3090", "fp8_e5m2")  # FlashInfer: FA2 has no FP8 cache
+    assert not full("RTX-5090", "fp8")
+    assert full("RTX-3090", "auto")  # FlashAttention 2 takes uniform batches
+    assert full("H100", "fp8")  # FlashAttention 3 has FP8
+    assert full("B200", "fp8")  # FlashInfer through TRT-LLM
+    assert full("RTX-3090", "fp8", q=1)  # no drafting
+    assert full("RTX-3090", "fp8", version=LATEST_VLLM)  # 0.33: FA2-native decode
+    r1 = load_spec("deepseek-ai/DeepSeek-R1")
+    assert attention.spec_decode_full_graphs(
+        r1, find_gpu("A100"), v020, kv_cache_dtype="fp8", decode_query_len=2
+    )  # MLA runs its own backends
+
+
 def test_block_sizes_follow_the_attention_backend() -> None:
     r1, llama = load_spec("deepseek-ai/DeepSeek-R1"), load_spec(LLAMA_8B)
     args = {"device": "cuda", "kv_cache_dtype": "auto"}

@@ -72,6 +72,7 @@ from oominfer.rules import speculative as speculative_rules
 from oominfer.rules.attention import (
     block_size,
     max_capture_size,
+    spec_decode_full_graphs,
     state_blocks_per_request,
     triton_mla_workspace_bytes,
 )
@@ -200,6 +201,10 @@ def estimate(
     # smallest block count among them (v1/core/kv_cache_utils.py get_kv_cache_configs), so
     # the stage with the fewest blocks decides.
     largest = max_capture_size(gpu, spec)
+    decode_query_len = 1 + speculative_rules.drafted_tokens(spec, s.speculative)
+    full_graphs = spec_decode_full_graphs(
+        spec, gpu, version, kv_cache_dtype=s.kv_cache_dtype, decode_query_len=decode_query_len
+    )
 
     def graphs_of(layers: int, hidden_size: int, recurrent: bool = False) -> int:
         """CUDA-graph memory of ``layers`` captured at this plan's sizes (none when eager);
@@ -216,9 +221,12 @@ def estimate(
             largest=largest,
             version=version,
             recurrent=recurrent,
+            decode_query_len=decode_query_len,
+            full_graphs=full_graphs,
         )
 
-    if proposer is not None:
+    if proposer is not None and full_graphs:
+        # Where FULL graphs fall back to PIECEWISE, the draft runs eager (vLLM issue #54992).
         extra = dataclasses.replace(
             extra, speculative_graph_bytes=graphs_of(proposer.layers, proposer.hidden_size)
         )

@@ -134,12 +134,22 @@ def cuda_graph_bytes(
     largest: int,
     version: EngineVersion,
     recurrent: bool = False,
+    decode_query_len: int = 1,
+    full_graphs: bool = True,
 ) -> int:
     """Memory CUDA-graph capture takes per GPU (what "Graph capturing finished ... took"
     prints), whether or not the release reserves it before sizing the KV cache.
-    ``recurrent``: the model has recurrent-state layers (GRAPH_BYTES_RECURRENT_FIXED)."""
+    ``recurrent``: the model has recurrent-state layers (GRAPH_BYTES_RECURRENT_FIXED);
+    ``decode_query_len`` and ``full_graphs``: speculative decoding's decode step and whether
+    its FULL graphs survive (``rules.attention.graph_counts``)."""
     piecewise, full = graph_counts(
-        version, max_num_seqs, max_num_batched_tokens, largest=largest, recurrent=recurrent
+        version,
+        max_num_seqs,
+        max_num_batched_tokens,
+        largest=largest,
+        recurrent=recurrent,
+        decode_query_len=decode_query_len,
+        full_graphs=full_graphs,
     )
     per_piece = {
         "V0": GRAPH_BYTES_PER_LAYER_V0,

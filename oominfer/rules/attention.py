@@ -124,6 +124,8 @@ def graph_counts(
     *,
     largest: int = 512,
     recurrent: bool = False,
+    decode_query_len: int = 1,
+    full_graphs: bool = True,
 ) -> tuple[int, int]:
     """(PIECEWISE, FULL) graphs vLLM captures, per its release's graph mode.
 
@@ -137,8 +139,13 @@ def graph_counts(
       by default) FULL decode graphs for those sizes up to max_num_seqs too, and from
       0.10.2 for models with recurrent-state layers (``recurrent``;
       ``EngineVersion.hybrid_full_graphs``).
-    - 0.12+: the list of ``capture_sizes`` up to min(2 x max_num_seqs, largest,
-      max_num_batched_tokens) as PIECEWISE, and its sizes up to max_num_seqs as FULL.
+    - 0.12+: the list of ``capture_sizes`` up to min(2 x max_num_seqs x decode_query_len,
+      largest, max_num_batched_tokens) as PIECEWISE, and its sizes up to max_num_seqs x
+      decode_query_len as FULL. Under speculative decoding (``decode_query_len`` = 1 +
+      num_speculative_tokens > 1) the V1 runner rounds the sizes up to multiples of it
+      (config/compilation.py ``adjust_cudagraph_sizes_for_spec_decode``; the V2 runner of
+      0.32+ does not), and ``full_graphs`` False (``spec_decode_full_graphs``) leaves
+      PIECEWISE graphs only.
     """
     if not version.v1:
         return len([s for s in _old_list(V0_CAPTURE_LIMIT) if s <= max_num_seqs]), 0
@@ -155,25 +162,69 @@ def graph_counts(
         piecewise = len(_old_list(min(largest, max_num_batched_tokens)))
         full = len(_old_list(min(largest, max_num_seqs))) if with_full else 0
         return piecewise, full
-    sizes = capture_size_list(max_num_seqs, max_num_batched_tokens, largest=largest)
-    return len(sizes), len([s for s in sizes if s <= max_num_seqs])
+    q = max(1, decode_query_len)
+    sizes = capture_size_list(
+        max_num_seqs, max_num_batched_tokens, largest=largest, decode_query_len=q
+    )
+    if not full_graphs:
+        return len(sizes), 0
+    if q > 1 and not version.model_runner_v2:
+        top = sizes[-1]
+        sizes = sorted({-(-s // q) * q for s in sizes if -(-s // q) * q <= top}) or [q]
+    return len(sizes), len([s for s in sizes if s <= max_num_seqs * q])
 
 
 def capture_size_list(
-    max_num_seqs: int, max_num_batched_tokens: int, *, largest: int = 512
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+    *,
+    largest: int = 512,
+    decode_query_len: int = 1,
 ) -> list[int]:
-    """The batch sizes vLLM (0.12+) captures CUDA graphs for (one token per decode step):
-    [1, 2, 4] + range(8, 256, 8) + range(256, top + 1, 16), plus max_num_batched_tokens
-    and max_num_seqs when within the top, top = min(2 x max_num_seqs, largest,
-    max_num_batched_tokens)."""
-    top = min(2 * max_num_seqs, largest)
-    decode = [max_num_seqs] if max_num_seqs <= top else []
+    """The token counts vLLM (0.12+) captures CUDA graphs for: [1, 2, 4] + range(8, 256, 8)
+    + range(256, top + 1, 16), plus max_num_batched_tokens and the widest decode step
+    (max_num_seqs x decode_query_len) when within the top, top = min(2 x max_num_seqs x
+    decode_query_len, largest, max_num_batched_tokens); ``decode_query_len`` is 1 +
+    num_speculative_tokens under speculative decoding, else 1."""
+    widest = max_num_seqs * max(1, decode_query_len)
+    top = min(2 * widest, largest)
+    decode = [widest] if widest <= top else []
     top = min(max_num_batched_tokens, top)
     sizes = set(_stepped_list(top))
     if max_num_batched_tokens <= top:
         sizes.add(max_num_batched_tokens)
     sizes |= {s for s in decode if s <= max_num_batched_tokens}
     return sorted(sizes)
+
+
+FLASHINFER_SPEC_FULL_GRAPHS: Final = (0, 33)
+"""The release whose FlashInfer backend first captures FULL decode graphs of speculative
+verify steps below compute capability 9.0 (v1/attention/backends/flashinfer.py
+``_use_fa2_native_decode`` returns UNIFORM_BATCH in 0.33). Before, it reported
+UNIFORM_SINGLE_TOKEN_DECODE there and vLLM fell back to PIECEWISE graphs ("CUDAGraphMode.
+FULL_AND_PIECEWISE is not supported with spec-decode for attention backend FlashInferBackend
+... setting cudagraph_mode=PIECEWISE": a 0.20.2 log on RTX 3090s, and vLLM issue #54992 on
+0.27.1), with the draft left eager."""
+
+
+def spec_decode_full_graphs(
+    spec: ModelSpec,
+    gpu: GpuSpec,
+    version: EngineVersion,
+    *,
+    kv_cache_dtype: str,
+    decode_query_len: int,
+) -> bool:
+    """Whether FULL decode graphs survive speculative decoding (config/compilation.py: FULL
+    with a decode query longer than one token needs an attention backend of UNIFORM_BATCH
+    support). An FP8 KV cache on compute capability 8.x or 12.x runs through FlashInfer
+    (FlashAttention 2 has no FP8 cache; 10.x's FlashInfer decodes through TRT-LLM, which
+    takes uniform batches), which before ``FLASHINFER_SPEC_FULL_GRAPHS`` took single-token
+    decodes only."""
+    if decode_query_len <= 1 or spec.is_mla or version.release >= FLASHINFER_SPEC_FULL_GRAPHS:
+        return True
+    flashinfer = kv_cache_dtype.startswith("fp8") and gpu.compute_capability[0] in (8, 12)
+    return not flashinfer
 
 
 def capture_sizes(max_num_seqs: int, max_num_batched_tokens: int, *, largest: int = 512) -> int:

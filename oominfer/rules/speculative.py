@@ -50,6 +50,18 @@ def speculative_method(spec: ModelSpec, config: dict[str, Any]) -> str | None:
     return "draft_model"
 
 
+def drafted_tokens(spec: ModelSpec, config: dict[str, Any]) -> int:
+    """Tokens drafted per step: ``num_speculative_tokens``, or for MTP without one the
+    model's MTP layers (``SpeculativeConfig.__post_init__`` takes ``n_predict``); 0 without
+    speculative decoding."""
+    tokens = config.get("num_speculative_tokens") if config else None
+    if isinstance(tokens, int):
+        return tokens
+    if speculative_method(spec, config) == "mtp":
+        return max(1, spec.mtp_layers)
+    return 0
+
+
 def refusal(spec: ModelSpec, config: dict[str, Any]) -> str | None:
     """Why vLLM refuses ``config`` for ``spec``, or None.
 
