@@ -97,6 +97,11 @@ QUANTIZED_STAND_INS: dict[str, tuple[str, QuantSpec]] = {
         "Qwen/Qwen2.5-7B-Instruct",
         QuantSpec(method="awq", bits=4, group_size=128),
     ),
+    # huggingface.co/Qwen/Qwen2.5-14B-Instruct-AWQ: awq, 4 bits, group 128, zero point.
+    "Qwen/Qwen2.5-14B-Instruct-AWQ": (
+        "Qwen/Qwen2.5-14B-Instruct",
+        QuantSpec(method="awq", bits=4, group_size=128),
+    ),
     # huggingface.co/RedHatAI/Qwen3-0.6B-quantized.w4a16: compressed-tensors, int4 weights in
     # groups of 128 (its embeddings, tied, stay 16-bit).
     "RedHatAI/Qwen3-0.6B-quantized.w4a16": (
