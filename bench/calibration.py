@@ -57,6 +57,9 @@ SAME_ARCHITECTURE: dict[str, str] = {
     "Qwen/Qwen3-235B-A22B-Instruct-2507-FP8": "Qwen/Qwen3-235B-A22B-FP8",
     # The 2507 refresh of the 30B MoE in FP8: the same shapes and block scheme as Qwen3-30B-A3B-FP8.
     "Qwen/Qwen3-30B-A3B-Instruct-2507-FP8": "Qwen/Qwen3-30B-A3B-FP8",
+    # The coding fine-tune of the 30B MoE in FP8: the same 48 x 2048 shapes, 128 experts and
+    # block scheme as Qwen3-30B-A3B-FP8 (its 256k context in CONFIG_DIFFERENCES).
+    "Qwen/Qwen3-Coder-30B-A3B-Instruct-FP8": "Qwen/Qwen3-30B-A3B-FP8",
     # Math fine-tune of Qwen2.5-1.5B: same 28 x 1536 shapes, tied embeddings, vocab 151936.
     "Qwen/Qwen2.5-Math-1.5B": "Qwen/Qwen2.5-1.5B-Instruct",
     # Qwen2-7B and Qwen2.5-7B share every shape (28 x 3584, 4 KV heads, vocab 152064).
@@ -84,6 +87,8 @@ CONFIG_DIFFERENCES: dict[str, dict[str, int]] = {
     "TechxGenus/Meta-Llama-3-70B-Instruct-AWQ": {"max_position_embeddings": 8192},
     # huggingface.co/Qwen/Qwen3-30B-A3B-Instruct-2507-FP8 config.json: native 256k context.
     "Qwen/Qwen3-30B-A3B-Instruct-2507-FP8": {"max_position_embeddings": 262144},
+    # huggingface.co/Qwen/Qwen3-Coder-30B-A3B-Instruct-FP8 config.json: native 256k context.
+    "Qwen/Qwen3-Coder-30B-A3B-Instruct-FP8": {"max_position_embeddings": 262144},
 }
 
 # Pre-quantized checkpoints of a model the catalog holds in 16 bits: the base's shapes with

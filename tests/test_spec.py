@@ -284,8 +284,9 @@ QUANT_ROWS = [
     ),
     (
         {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]},
-        QuantSpec(method="fp8", bits=8),
+        QuantSpec(method="fp8", bits=8, weight_block=128),
     ),
+    ({"quant_method": "fp8", "activation_scheme": "dynamic"}, QuantSpec(method="fp8", bits=8)),
     ({"quant_method": "fbgemm_fp8"}, QuantSpec(method="fbgemm_fp8", bits=8)),
     (
         {"quant_method": "mxfp4", "modules_to_not_convert": ["lm_head"]},

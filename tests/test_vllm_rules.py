@@ -277,6 +277,28 @@ def test_flashinfer_below_hopper_drops_full_graphs_under_speculative_decoding() 
     )  # MLA runs its own backends
 
 
+def test_marlin_widens_block_fp8_scales_below_compute_capability_8_9() -> None:
+    """quantization/utils/marlin_utils_fp8.py: block scales become one 16-bit scale per
+    column and 128 rows; only where Marlin runs FP8 (no FP8 tensor cores)."""
+    from oominfer.memory.weights import marlin_fp8_scale_bytes
+
+    moe = load_spec("Qwen/Qwen3-30B-A3B-FP8")
+    args = {"quantization": None, "pp": 1}
+    p = moe.params
+    quantized = sum(p.layer_linear) + sum(p.layer_experts)
+    (a100,) = marlin_fp8_scale_bytes(moe, gpu=find_gpu("A100"), **args)  # type: ignore[arg-type]
+    assert a100 == int(quantized * 2 / 128)
+    assert 0.40 * GiB < a100 < 0.50 * GiB
+    (experts,) = marlin_fp8_scale_bytes(moe, gpu=find_gpu("A100"), experts=True, **args)  # type: ignore[arg-type]
+    assert experts == int(sum(p.layer_experts) * 2 / 128)
+    assert marlin_fp8_scale_bytes(moe, gpu=find_gpu("L40S"), **args) == [0]  # type: ignore[arg-type]
+    assert marlin_fp8_scale_bytes(moe, gpu=find_gpu("H100"), **args) == [0]  # type: ignore[arg-type]
+    dense = load_spec(LLAMA_8B)  # online FP8: per-channel scales, nothing widened
+    assert marlin_fp8_scale_bytes(dense, gpu=find_gpu("A100"), quantization="fp8", pp=1) == [0]
+    halves = marlin_fp8_scale_bytes(moe, gpu=find_gpu("A100"), quantization=None, pp=2)
+    assert abs(sum(halves) - a100) <= 2
+
+
 def test_block_sizes_follow_the_attention_backend() -> None:
     r1, llama = load_spec("deepseek-ai/DeepSeek-R1"), load_spec(LLAMA_8B)
     args = {"device": "cuda", "kv_cache_dtype": "auto"}

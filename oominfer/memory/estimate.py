@@ -58,6 +58,7 @@ from oominfer.memory.profile import (
 )
 from oominfer.memory.transformers import transformers_breakdown
 from oominfer.memory.weights import (
+    marlin_fp8_scale_bytes,
     mxfp4_expert_ratio,
     pp_layer_ranges,
     resolve_dtype,
@@ -237,6 +238,13 @@ def estimate(
         grown = [int(e * (ratio - 1)) for e in expert_stages]
         stages = [w + g for w, g in zip(stages, grown, strict=True)]
         expert_stages = [e + g for e, g in zip(expert_stages, grown, strict=True)]
+        # Marlin's widened FP8 block scales below compute capability 8.9.
+        widened = [
+            marlin_fp8_scale_bytes(spec, gpu=gpu, quantization=s.quantization, pp=pp, experts=e)
+            for e in (False, True)
+        ]
+        stages = [w + g for w, g in zip(stages, widened[0], strict=True)]
+        expert_stages = [w + g for w, g in zip(expert_stages, widened[1], strict=True)]
     block = block_size(spec, gpu, device=device, kv_cache_dtype=s.kv_cache_dtype)
     blocks_of_state = state_blocks(state_blocks_per_request(spec, gpu, version), s)
     seen: dict[tuple[int, tuple[str, ...]], MemoryBreakdown] = {}

@@ -382,7 +382,10 @@ def _quant_spec(qc: ConfigReader | None, model_id: str) -> QuantSpec | None:
                 symmetric=qc.flag("sym", True),
             )
         case "fp8" | "fbgemm_fp8":
-            return QuantSpec(method=method, bits=8)
+            block = qc.cfg.get("weight_block_size")
+            side = block[1] if isinstance(block, list) and len(block) == 2 else None
+            weight_block = side if isinstance(side, int) and side > 0 else None
+            return QuantSpec(method=method, bits=8, weight_block=weight_block)
         case "mxfp4":
             return QuantSpec(method="mxfp4", bits=4, group_size=32, experts_only=True)
         case "bitsandbytes":

@@ -44,6 +44,10 @@ class QuantSpec:
     """Elements sharing one scale; None for per-channel or per-tensor scales."""
     experts_only: bool = False
     """Only the routed experts are quantized (gpt-oss MXFP4)."""
+    weight_block: int | None = None
+    """The input-side block of a block-scaled FP8 checkpoint (``weight_block_size``'s second
+    value, 128): one fp32 scale per block, which Marlin (memory/weights.py
+    ``marlin_fp8_scale_bytes``) widens to one 16-bit scale per block-row and column."""
     desc_act: bool = False
     """GPTQ group activation ordering (act-order), which vLLM 0.32/0.33 no longer runs."""
     symmetric: bool = True
