@@ -29,7 +29,7 @@ from calibration import DEFAULT_LOGS, EXTRA_LOGS, inputs, load_points
 from oominfer.base.units import GiB, KiB
 from oominfer.memory.estimate import estimate
 from oominfer.memory.profile import graph_era, pcie_only
-from oominfer.rules.attention import graph_counts, max_capture_size
+from oominfer.rules.attention import graph_counts, max_capture_size, pinned_capture_size
 
 # Logs whose "took" line measures more than the graph pool, by their own notes: c16 ran
 # four engines at once beside a foreign process (the free-memory delta counts theirs);
@@ -95,6 +95,7 @@ def rows(path: Path) -> list[tuple[str, list[float], float]]:
             b.max_num_seqs,
             b.max_num_batched_tokens,
             largest=max_capture_size(hw.gpu, spec),
+            pinned=pinned_capture_size(spec),
         )
         layers = spec.num_layers // settings.pipeline_parallel_size
         nccl = settings.tensor_parallel_size > 2 and pcie_only(hw.gpu)

@@ -249,6 +249,13 @@ def test_speculative_decoding_widens_and_rounds_the_capture_sizes() -> None:
     assert attention.graph_counts(v020, 2, 8192, decode_query_len=4) == (3, 2)
     assert attention.graph_counts(v020, 2, 8192, decode_query_len=4, full_graphs=False) == (5, 0)
     assert attention.graph_counts(v020, 2, 8192) == (3, 2)  # [1, 2, 4], no drafting
+    # gpt-oss pins its largest size at 1,024, which max_num_seqs then does not cap (a 0.12
+    # log at TP 2: "Overriding max cuda graph capture size to 1024", 1.01 GiB of graphs).
+    gpt_oss = load_spec("openai/gpt-oss-120b")
+    assert attention.pinned_capture_size(gpt_oss) and not attention.pinned_capture_size(None)
+    v012 = EngineVersion.parse("0.12.0")
+    assert attention.graph_counts(v012, 256, 8192, largest=1024, pinned=True) == (83, 35)
+    assert attention.graph_counts(v012, 256, 8192, largest=1024) == (51, 35)
     # The V2 runner (0.32+) keeps the token grid as it is.
     assert attention.graph_counts(LATEST_VLLM, 2, 8192, decode_query_len=4) == (5, 4)
 

@@ -73,6 +73,7 @@ from oominfer.rules import speculative as speculative_rules
 from oominfer.rules.attention import (
     block_size,
     max_capture_size,
+    pinned_capture_size,
     spec_decode_full_graphs,
     state_blocks_per_request,
     triton_mla_workspace_bytes,
@@ -224,6 +225,7 @@ def estimate(
             recurrent=recurrent,
             decode_query_len=decode_query_len,
             full_graphs=full_graphs,
+            pinned=pinned_capture_size(spec),
         )
 
     if proposer is not None and full_graphs:

@@ -136,12 +136,14 @@ def cuda_graph_bytes(
     recurrent: bool = False,
     decode_query_len: int = 1,
     full_graphs: bool = True,
+    pinned: bool = False,
 ) -> int:
     """Memory CUDA-graph capture takes per GPU (what "Graph capturing finished ... took"
     prints), whether or not the release reserves it before sizing the KV cache.
     ``recurrent``: the model has recurrent-state layers (GRAPH_BYTES_RECURRENT_FIXED);
     ``decode_query_len`` and ``full_graphs``: speculative decoding's decode step and whether
-    its FULL graphs survive (``rules.attention.graph_counts``)."""
+    its FULL graphs survive, ``pinned`` the model's own largest size
+    (``rules.attention.graph_counts``)."""
     piecewise, full = graph_counts(
         version,
         max_num_seqs,
@@ -150,6 +152,7 @@ def cuda_graph_bytes(
         recurrent=recurrent,
         decode_query_len=decode_query_len,
         full_graphs=full_graphs,
+        pinned=pinned,
     )
     per_piece = {
         "V0": GRAPH_BYTES_PER_LAYER_V0,

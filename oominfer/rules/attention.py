@@ -44,6 +44,14 @@ def max_capture_size(gpu: GpuSpec, spec: ModelSpec | None = None) -> int:
     return 512
 
 
+def pinned_capture_size(spec: ModelSpec | None) -> bool:
+    """The model sets the largest capture size itself, which 2 x max_num_seqs then does not
+    cap: gpt-oss's config hook sets ``max_cudagraph_capture_size`` to 1024 when the operator
+    sets none ("Overriding max cuda graph capture size to 1024 for performance"), and
+    ``_set_cudagraph_sizes`` only derives the cap when it is unset."""
+    return spec is not None and spec.model_type == "gpt_oss"
+
+
 def block_size(spec: ModelSpec, gpu: GpuSpec, *, device: str, kv_cache_dtype: str) -> int:
     """Tokens per paged-cache block the attention backend picks."""
     if device == "cpu":
@@ -126,6 +134,7 @@ def graph_counts(
     recurrent: bool = False,
     decode_query_len: int = 1,
     full_graphs: bool = True,
+    pinned: bool = False,
 ) -> tuple[int, int]:
     """(PIECEWISE, FULL) graphs vLLM captures, per its release's graph mode.
 
@@ -164,7 +173,7 @@ def graph_counts(
         return piecewise, full
     q = max(1, decode_query_len)
     sizes = capture_size_list(
-        max_num_seqs, max_num_batched_tokens, largest=largest, decode_query_len=q
+        max_num_seqs, max_num_batched_tokens, largest=largest, decode_query_len=q, pinned=pinned
     )
     if not full_graphs:
         return len(sizes), 0
@@ -180,14 +189,16 @@ def capture_size_list(
     *,
     largest: int = 512,
     decode_query_len: int = 1,
+    pinned: bool = False,
 ) -> list[int]:
     """The token counts vLLM (0.12+) captures CUDA graphs for: [1, 2, 4] + range(8, 256, 8)
     + range(256, top + 1, 16), plus max_num_batched_tokens and the widest decode step
     (max_num_seqs x decode_query_len) when within the top, top = min(2 x max_num_seqs x
     decode_query_len, largest, max_num_batched_tokens); ``decode_query_len`` is 1 +
-    num_speculative_tokens under speculative decoding, else 1."""
+    num_speculative_tokens under speculative decoding, else 1. ``pinned``: the model sets
+    the largest size itself (``pinned_capture_size``), and max_num_seqs does not cap it."""
     widest = max_num_seqs * max(1, decode_query_len)
-    top = min(2 * widest, largest)
+    top = largest if pinned else min(2 * widest, largest)
     decode = [widest] if widest <= top else []
     top = min(max_num_batched_tokens, top)
     sizes = set(_stepped_list(top))
