@@ -595,6 +595,13 @@ def test_prefix_caching_and_drafts_change_a_hybrids_state_blocks() -> None:
         )
     ]
     assert blocks == [3, 1, 6]
+    # MTP without a count drafts as many tokens as the model has MTP layers (one here).
+    qwen_next, h200 = "Qwen/Qwen3-Next-80B-A3B-Thinking", Hardware.from_gpu("H200", 2)
+    plain, mtp = (
+        of(qwen_next, h200, **kw, **extra).layout.state_blocks  # type: ignore[union-attr]
+        for extra in ({}, {"speculative_config": '{"method": "mtp"}'})
+    )
+    assert mtp == plain + 1
     # Fewer state blocks per request: more requests fit.
     on, off = of(model, h100, **kw), of(model, h100, **kw, enable_prefix_caching=False)
     assert off.requests_at(8192) > on.requests_at(8192)

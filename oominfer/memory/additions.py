@@ -375,21 +375,20 @@ OPERATOR_FLAGS: Final = (
 """The additions only vLLM serves (the transformers server has none of them)."""
 
 
-def state_blocks(aligned: int, s: EngineSettings) -> int:
+def state_blocks(aligned: int, s: EngineSettings, *, drafted: int = 0) -> int:
     """Recurrent-state blocks one request of a hybrid model holds, given the settings.
 
     ``aligned`` is the count with prefix caching on (vLLM's default for hybrids: "align"
     mode, rules/attention.py). Without prefix caching vLLM keeps one block, and speculative
     decoding adds one per drafted token either way (v1/kv_cache_interface.py
     ``MambaSpec.max_memory_usage_bytes``: 2 + speculative + checkpoint when aligned, else
-    1 + speculative).
+    1 + speculative). ``drafted``: the tokens drafted per step (rules/speculative.py
+    ``drafted_tokens``).
     """
     if aligned == 0:
         return 0
-    drafted = s.speculative.get("num_speculative_tokens") if s.speculative else None
-    speculative = drafted if isinstance(drafted, int) else 0
     base = 1 if s.enable_prefix_caching is False else aligned
-    return base + speculative
+    return base + drafted
 
 
 def check_additions(spec: ModelSpec, s: EngineSettings, engine: str = "vllm") -> None:

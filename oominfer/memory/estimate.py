@@ -248,7 +248,9 @@ def estimate(
         stages = [w + g for w, g in zip(stages, widened[0], strict=True)]
         expert_stages = [w + g for w, g in zip(expert_stages, widened[1], strict=True)]
     block = block_size(spec, gpu, device=device, kv_cache_dtype=s.kv_cache_dtype)
-    blocks_of_state = state_blocks(state_blocks_per_request(spec, gpu, version), s)
+    blocks_of_state = state_blocks(
+        state_blocks_per_request(spec, gpu, version), s, drafted=decode_query_len - 1
+    )
     seen: dict[tuple[int, tuple[str, ...]], MemoryBreakdown] = {}
     rope = rope_cache_bytes(spec, dtype=dtype)  # whole on every GPU of every stage
     for index, (stage_bytes, layers) in enumerate(zip(stages, ranges, strict=True)):
