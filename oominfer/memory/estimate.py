@@ -202,7 +202,7 @@ def estimate(
     # Each pipeline stage profiles and sizes its own cache; vLLM then gives every stage the
     # smallest block count among them (v1/core/kv_cache_utils.py get_kv_cache_configs), so
     # the stage with the fewest blocks decides.
-    largest = max_capture_size(gpu, spec)
+    largest, pinned = max_capture_size(gpu, spec), pinned_capture_size(spec)
     decode_query_len = 1 + speculative_rules.drafted_tokens(spec, s.speculative)
     full_graphs = spec_decode_full_graphs(
         spec, gpu, version, kv_cache_dtype=s.kv_cache_dtype, decode_query_len=decode_query_len
@@ -225,7 +225,7 @@ def estimate(
             recurrent=recurrent,
             decode_query_len=decode_query_len,
             full_graphs=full_graphs,
-            pinned=pinned_capture_size(spec),
+            pinned=pinned,
         )
 
     if proposer is not None and full_graphs:
@@ -241,12 +241,12 @@ def estimate(
         stages = [w + g for w, g in zip(stages, grown, strict=True)]
         expert_stages = [e + g for e, g in zip(expert_stages, grown, strict=True)]
         # Marlin's widened FP8 block scales below compute capability 8.9.
-        widened = [
+        scales, expert_scales = (
             marlin_fp8_scale_bytes(spec, gpu=gpu, quantization=s.quantization, pp=pp, experts=e)
             for e in (False, True)
-        ]
-        stages = [w + g for w, g in zip(stages, widened[0], strict=True)]
-        expert_stages = [w + g for w, g in zip(expert_stages, widened[1], strict=True)]
+        )
+        stages = [w + g for w, g in zip(stages, scales, strict=True)]
+        expert_stages = [e + g for e, g in zip(expert_stages, expert_scales, strict=True)]
     block = block_size(spec, gpu, device=device, kv_cache_dtype=s.kv_cache_dtype)
     blocks_of_state = state_blocks(
         state_blocks_per_request(spec, gpu, version), s, drafted=decode_query_len - 1

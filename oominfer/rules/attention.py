@@ -39,7 +39,7 @@ TRITON_MLA_WORK_PER_SPLIT: Final = 512
 def max_capture_size(gpu: GpuSpec, spec: ModelSpec | None = None) -> int:
     """The default largest CUDA-graph batch: 1024 on compute capability 10.x and for gpt-oss,
     else 512."""
-    if gpu.compute_capability[0] == 10 or (spec is not None and spec.model_type == "gpt_oss"):
+    if gpu.compute_capability[0] == 10 or pinned_capture_size(spec):
         return 1024
     return 512
 
@@ -178,8 +178,8 @@ def graph_counts(
     if not full_graphs:
         return len(sizes), 0
     if q > 1 and not version.model_runner_v2:
-        top = sizes[-1]
-        sizes = sorted({-(-s // q) * q for s in sizes if -(-s // q) * q <= top}) or [q]
+        rounded = {-(-s // q) * q for s in sizes}
+        sizes = sorted(r for r in rounded if r <= sizes[-1]) or [q]
     return len(sizes), len([s for s in sizes if s <= max_num_seqs * q])
 
 
