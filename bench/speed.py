@@ -168,8 +168,6 @@ def _lengths(point: dict[str, Any]) -> tuple[int, int, str]:
     fill = next((v for k, v in DATASET_LENGTHS.items() if k in dataset), (200, 128))
     if stated_out and not stated_in:
         return fill[0], stated_out, f"output implied by tokens/s over requests/s, prompt {fill[0]}"
-    dataset = (point.get("dataset") or "").lower()
-    fill = next((v for k, v in DATASET_LENGTHS.items() if k in dataset), (200, 128))
     how = "stated" if stated_in and stated_out else f"dataset default {fill}"
     return stated_in or fill[0], stated_out or fill[1], how
 
@@ -184,8 +182,14 @@ def _spread(point: dict[str, Any], how: str) -> bool:
 def _measured(point: dict[str, Any], output_len: int) -> dict[str, float | None]:
     tok_s = point.get("output_tokens_per_s")
     rps = point.get("requests_per_s")
+    total_s = point.get("total_tokens_per_s")
+    stated_in, stated_out = point.get("input_len"), point.get("output_len")
     if tok_s is None and rps is not None:
         tok_s = rps * output_len
+    elif tok_s is None and total_s and stated_in and stated_out:
+        # Only the total (prompt and output tokens over the run): the output's share of it
+        # is the stated mean output over the stated mean request.
+        tok_s = total_s * stated_out / (stated_in + stated_out)
     tpot_ms = point.get("tpot_ms_mean") or point.get("tpot_ms_median") or point.get("itl_ms_mean")
     ttft_ms = point.get("ttft_ms_mean") or point.get("ttft_ms_median")
     return {

@@ -93,12 +93,15 @@ TODAY_EXTRA: dict[str, dict[str, float]] = {
     # mean, and short ones live through the prompt-heavy first steps.
     "u05": {"output_tokens_per_s": 1.263, "tpot_s": 0.532},
     "u06": {"output_tokens_per_s": 1.213, "tpot_s": 0.836},
-    "u07": {"tpot_s": 0.989},
-    "u08": {"tpot_s": 1.708},
-    # A100 bursts whose 3.4 s mean TTFT says more than vLLM's default 256 ran at once.
-    "u09": {"tpot_s": 0.416},
-    "u10": {"tpot_s": 0.334},
-    "u11": {"tpot_s": 0.777},
+    # Output tokens/s where the source gives only the total: its output share by the stated
+    # mean lengths (bench/speed.py _measured).
+    "u07": {"output_tokens_per_s": 0.691, "tpot_s": 0.998},
+    "u08": {"output_tokens_per_s": 0.587, "tpot_s": 1.718},
+    # A100 bursts whose 3.4 and 4.0 s mean TTFT are below the A100's compute bound for
+    # their prompts (secondary: the notes' ANOMALY).
+    "u09": {"output_tokens_per_s": 0.553, "tpot_s": 0.416},
+    "u10": {"output_tokens_per_s": 0.627, "tpot_s": 0.334},
+    "u11": {"output_tokens_per_s": 1.012, "tpot_s": 0.777},
     # MoE prompt throughput (roofline.MOE_COMPUTE_SHARE, MOE_HALF_WIDTH are solved on u13
     # and u18; 1.37x and 1.78x at the dense rate).
     "u12": {"output_tokens_per_s": 1.075, "tpot_s": 0.788},
@@ -164,7 +167,7 @@ def test_each_gathered_point_stays_where_it_is(
 def test_the_gathered_medians_meet_the_target(replayed_extra: dict[str, dict[str, Any]]) -> None:
     bench = load_script("bench/speed.py")
     s = bench.summary(list(replayed_extra.values()))
-    # Today 11.2% and 19.4% (29 and 34 points).
+    # Today 11.5% and 16.8% (32 and 32 points: u09 and u10 are secondary).
     assert s["output_tokens_per_s"]["median_abs_error"] <= 0.25
     assert s["tpot_s"]["median_abs_error"] <= 0.25
 
