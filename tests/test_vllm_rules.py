@@ -156,6 +156,44 @@ def test_quantized_weights_need_a_16_bit_model() -> None:
         plan_of("gaunernst/gemma-3-27b-it-int4-awq", "T4", 4)
 
 
+def _refused_estimate(model: str, gpu: str, tp: int, **kw: object) -> InvalidSettingError:
+    settings = EngineSettings(tensor_parallel_size=tp, **kw)  # type: ignore[arg-type]
+    with pytest.raises(InvalidSettingError) as err:
+        estimate(
+            load_spec(model),
+            hardware=Hardware.from_gpu(gpu, tp),
+            settings=settings,
+            version=CURRENT_VLLM,
+        )
+    return err.value
+
+
+@pytest.mark.parametrize(
+    ("model", "gpu", "tp", "kw", "hint"),
+    [
+        # Below the method's compute capability: another GPU or a 16-bit checkpoint, not
+        # the transformers engine (it does not load FP8 or MXFP4 checkpoints either).
+        ("Qwen/Qwen3-32B-FP8", "V100-SXM2-32GB", 4, {}, "compute capability 7.5 or newer"),
+        ("openai/gpt-oss-20b", "T4", 2, {}, "compute capability 8.0 or newer"),
+        # A dtype the method does not run in, where another one runs: that --dtype.
+        ("TheBloke/Mixtral-8x7B-Instruct-v0.1-AWQ", "L40S", 2, {"dtype": "float32"},
+         "Pass --dtype bfloat16."),
+        # Gemma 3 on a T4 runs in float32 only (no bf16 there, fp16 refused for gemma3):
+        # no --dtype would do.
+        ("gaunernst/gemma-3-27b-it-int4-awq", "T4", 4, {}, "compute capability 8.0 or newer"),
+        # A method vLLM does not have: the engine that loads it.
+        ("Qwen/Qwen2.5-7B-Instruct", "L4", 1, {"quantization": "int8"},
+         "Pass --engine transformers."),
+    ],
+)  # fmt: skip
+def test_a_refused_quantization_says_the_way_out_that_fits_its_reason(
+    model: str, gpu: str, tp: int, kw: dict[str, object], hint: str
+) -> None:
+    err = _refused_estimate(model, gpu, tp, **kw)
+    assert err.hint is not None and hint in err.hint, err.hint
+    assert "bitsandbytes" not in err.hint
+
+
 def test_bitsandbytes_is_no_vllm_method_so_the_plan_goes_to_transformers() -> None:
     """quantization/__init__.py QUANTIZATION_METHODS has no bitsandbytes in 0.32/0.33
     ("Unknown quantization method")."""

@@ -78,6 +78,7 @@ from oominfer.rules.attention import (
     state_blocks_per_request,
     triton_mla_workspace_bytes,
 )
+from oominfer.rules.dtypes import allowed_dtypes
 from oominfer.rules.parallel import tensor_parallel_refusal
 from oominfer.rules.versions import EngineVersion
 from oominfer.settings import Engine, EngineSettings, flag
@@ -130,9 +131,11 @@ def estimate(
         if refused:
             raise InvalidSettingError(
                 f"vLLM cannot load {spec.model_id} here: {refused}.",
-                hint="Use --engine transformers for bitsandbytes checkpoints, or another GPU "
-                "or checkpoint.",
-            )
+                hint=quantization_rules.refusal_hint(
+                    method, gpu=gpu, dtype=dtype, engine=engine, device=device,
+                    release=version.release, runnable=allowed_dtypes(spec, gpu),
+                ),
+            )  # fmt: skip
     kv_elem = kv_dtype_bytes(s.kv_cache_dtype, dtype)
     max_len = spec.context(s.max_model_len)
     default_tokens, default_seqs = vllm_defaults(hardware, world_size=s.model_world_size)

@@ -28,6 +28,16 @@ def supported_dtypes(gpu: GpuSpec) -> tuple[str, ...]:
     return ("float16", "float32")
 
 
+def allowed_dtypes(spec: ModelSpec, gpu: GpuSpec) -> tuple[str, ...]:
+    """The dtypes vLLM runs ``spec`` in on ``gpu``, its preferred first: the GPU's, less
+    float16 for the model types that refuse it."""
+    return tuple(
+        d
+        for d in supported_dtypes(gpu)
+        if not (d == "float16" and spec.model_type in FLOAT16_REFUSED)
+    )
+
+
 def compute_dtype(spec: ModelSpec, gpu: GpuSpec, requested: str) -> str:
     """The dtype vLLM runs ``spec`` in on ``gpu`` for ``--dtype requested``.
 
@@ -40,11 +50,7 @@ def compute_dtype(spec: ModelSpec, gpu: GpuSpec, requested: str) -> str:
         InvalidSettingError: float16 for a model that refuses it, or bfloat16 on a GPU
             below compute capability 8.0.
     """
-    allowed = [
-        d
-        for d in supported_dtypes(gpu)
-        if not (d == "float16" and spec.model_type in FLOAT16_REFUSED)
-    ]
+    allowed = allowed_dtypes(spec, gpu)
     if requested == "auto":
         config = dtype_name(spec.torch_dtype)
         if config not in ("bfloat16", "float16"):

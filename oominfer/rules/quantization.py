@@ -18,6 +18,7 @@ from oominfer.model.spec import QuantSpec
 from oominfer.settings import Engine
 
 _SIXTEEN: Final = frozenset({"bfloat16", "float16"})
+_SIXTEEN_ORDER: Final = ("bfloat16", "float16")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -132,23 +133,71 @@ def refusal(
 ) -> str | None:
     """Why the engine (vLLM: of ``release``) refuses ``method`` here, in one sentence, or
     None when it accepts it."""
+    found = _refusal(method, gpu=gpu, dtype=dtype, engine=engine, device=device, release=release)
+    return found[0] if found else None
+
+
+def refusal_hint(
+    method: str,
+    *,
+    gpu: GpuSpec,
+    dtype: str,
+    engine: Engine,
+    device: str,
+    release: tuple[int, int],
+    runnable: tuple[str, ...],
+) -> str | None:
+    """What to change when ``refusal`` refuses ``method`` here: the one way out that fits
+    the reason (another engine, GPU or dtype; ``runnable``: the dtypes the GPU and the model
+    allow, rules/dtypes.py allowed_dtypes)."""
+    found = _refusal(
+        method, gpu=gpu, dtype=dtype, engine=engine, device=device, release=release,
+        runnable=runnable,
+    )  # fmt: skip
+    return found[1] if found else None
+
+
+def _refusal(
+    method: str,
+    *,
+    gpu: GpuSpec,
+    dtype: str,
+    engine: Engine,
+    device: str,
+    release: tuple[int, int],
+    runnable: tuple[str, ...] = _SIXTEEN_ORDER,
+) -> tuple[str, str] | None:
+    """(why the engine refuses ``method`` here, what to change), or None."""
     rule = rule_for(method)
     if rule is None:
-        return f"{engine} has no {method} quantization method"
+        return f"{engine} has no {method} quantization method", "Pass another --quantization."
     loads_it = engine in rule.engines or (
         engine == "vllm" and rule.vllm_until is not None and release < rule.vllm_until
     )
     if not loads_it:
         return (
             f"vLLM has no {method} quantization method (Unknown quantization method); "
-            "the transformers engine loads it"
+            "the transformers engine loads it",
+            "Pass --engine transformers.",
         )
     if device == "cuda" and gpu.compute_capability < rule.min_capability:
         need = ".".join(map(str, rule.min_capability))
         have = ".".join(map(str, gpu.compute_capability))
-        return f"{method} needs compute capability {need}; {gpu.name} has {have}"
+        return (
+            f"{method} needs compute capability {need}; {gpu.name} has {have}",
+            f"Use a GPU of compute capability {need} or newer (oominfer gpus), or a 16-bit "
+            "checkpoint of the model.",
+        )
     if dtype not in rule.dtypes:
-        return f"{method} does not run in {dtype} (it needs {' or '.join(sorted(rule.dtypes))})"
+        runs = " or ".join(sorted(rule.dtypes))
+        usable = [d for d in runnable if d in rule.dtypes]
+        hint = (
+            f"Pass --dtype {usable[0]}."
+            if usable
+            else f"Use a GPU that runs the model in {runs} (bfloat16: compute capability 8.0 "
+            "or newer), or a checkpoint in another format."
+        )
+        return f"{method} does not run in {dtype} (it needs {runs})", hint
     return None
 
 
