@@ -49,6 +49,22 @@ def test_estimate_caps_the_concurrency_at_max_num_seqs() -> None:
     assert (perf["concurrency"], perf["limited_by"]) == (4, "max_num_seqs")
 
 
+def test_estimate_says_when_the_lengths_asked_exceed_the_context() -> None:
+    """vLLM refuses a request longer than max_model_len: the prediction is for the prompt
+    cut to fit, and both the JSON and the report say what was asked."""
+    asked = ["--input-len", "8000", "--output-len", "1000", "--max-model-len", "4096"]
+    r = invoke("estimate", LLAMA, "--gpu", "H100", *asked, "--json")
+    assert r.exit_code == 0, r.output
+    perf = _json(r)["performance"]
+    assert (perf["input_len"], perf["output_len"]) == (3096, 1000)
+    assert (perf["asked_input_len"], perf["asked_output_len"]) == (8000, 1000)
+    text = invoke("estimate", LLAMA, "--gpu", "H100", *asked).stdout
+    assert "8,000 prompt + 1,000 output tokens asked" in text and "--max-model-len" in text
+    within = _json(invoke("estimate", LLAMA, "--gpu", "H100", "--max-model-len", "8192",
+                          "--input-len", "1000", "--json"))["performance"]  # fmt: skip
+    assert within["asked_input_len"] is None and within["input_len"] == 1000
+
+
 def test_estimate_report_shows_the_speed() -> None:
     r = invoke("estimate", LLAMA, "--gpu", "H100", "--max-model-len", "8192")
     assert r.exit_code == 0, r.output

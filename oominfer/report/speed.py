@@ -33,6 +33,8 @@ def performance_json(
         "bound": perf.bound,
         "requested_concurrency": perf.requested_concurrency,
         "limited_by": perf.limited_by,
+        "asked_input_len": perf.asked_input_len,
+        "asked_output_len": perf.asked_output_len,
         "calibrated_from": calibration,
     }
 
@@ -67,6 +69,15 @@ def speed_lines(perf: Performance | None, measured: Measured | None = None) -> l
         ("  TPOT", f"{_ms(perf.tpot_s)} per output token ({perf.bound}-bound)"),
         ("  TTFT", _ms(perf.ttft_s)),
     ]  # fmt: skip
+    if perf.asked_input_len is not None and perf.asked_output_len is not None:
+        asked = perf.asked_input_len + perf.asked_output_len
+        rows.insert(
+            1,
+            ("  cut to fit", f"{perf.asked_input_len:,} prompt + {perf.asked_output_len:,} output "
+                      f"tokens asked, {asked:,} in all, exceed the context "
+                      f"({perf.input_len + perf.output_len:,}): vLLM refuses such requests; "
+                      f"raise --max-model-len to predict them")
+        )  # fmt: skip
     if measured is not None and measured.ratio is not None:
         rows.append(
             ("  starts from", f"a measurement on this machine ({measured.engine_version}, "

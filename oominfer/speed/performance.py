@@ -61,6 +61,11 @@ class Performance:
     requested_concurrency: int
     limited_by: LimitedBy | None = None
     """What capped the concurrency below the one asked, if anything."""
+    asked_input_len: int | None = None
+    """The prompt tokens asked, where prompt and output exceed max_model_len: vLLM refuses
+    such requests, so the prediction is for ``input_len`` (the prompt cut to fit)."""
+    asked_output_len: int | None = None
+    """The output tokens asked, in that case (``output_len`` keeps them when it can)."""
 
 
 def _compute_flops(gpu: GpuSpec, method: str | None) -> float | None:
@@ -148,6 +153,13 @@ def stage(spec: ModelSpec, settings: EngineSettings, b: MemoryBreakdown) -> Stag
     )
 
 
+def _asked(asked: Workload, served: Workload) -> dict[str, int | None]:
+    """``Performance``'s asked lengths: the workload's own where ``_within`` cut it."""
+    if served == asked:
+        return {"asked_input_len": None, "asked_output_len": None}
+    return {"asked_input_len": asked.input_len, "asked_output_len": asked.output_len}
+
+
 def _within(workload: Workload, max_len: int) -> Workload:
     """The workload cut to the context: vLLM refuses longer requests, so a prompt longer
     than max_model_len - output_len is taken as that long (output kept when it can be)."""
@@ -221,6 +233,7 @@ def predict(
         bound=decode.bound,
         requested_concurrency=w.concurrency,
         limited_by=limited,
+        **_asked(workload, w),
     )
 
 
@@ -276,10 +289,8 @@ def predict_burst(
     c = chip(gpu, settings, spec)
     if c is None:
         return None
-    w = _within(
-        Workload(input_len=input_len, output_len=output_len, concurrency=requests),
-        breakdown.max_model_len,
-    )
+    asked = Workload(input_len=input_len, output_len=output_len, concurrency=requests)
+    w = _within(asked, breakdown.max_model_len)
     s = stage(spec, settings, breakdown)
     pp = settings.pipeline_parallel_size
     cap = min(requests, breakdown.running_at(w.total_len))
@@ -307,6 +318,7 @@ def predict_burst(
         limited_by=None
         if cap >= requests
         else ("max_num_seqs" if cap >= breakdown.max_num_seqs else "kv_cache"),
+        **_asked(asked, w),
     )
 
 
