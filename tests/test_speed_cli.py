@@ -65,6 +65,23 @@ def test_estimate_says_when_the_lengths_asked_exceed_the_context() -> None:
     assert within["asked_input_len"] is None and within["input_len"] == 1000
 
 
+def test_fit_refuses_named_lengths_longer_than_the_named_context() -> None:
+    """fit counts its concurrency in the typical request: one longer than --max-model-len
+    could never be served, so it is a bad flag (exit 2), not a plan of cut prompts."""
+    r = invoke("fit", LLAMA, "--gpu", "L4", "--no-verify", "--max-model-len", "4096",
+               "--input-len", "8000", "--output-len", "1000")  # fmt: skip
+    assert r.exit_code == 2, r.output
+    assert "9,000 tokens" in r.output and "--max-model-len 9000" in r.output
+    r = invoke("fit", LLAMA, "--gpu", "L4", "--no-verify", "--max-model-len", "4096",
+               "--typical-length", "9000")  # fmt: skip
+    assert r.exit_code == 2 and "--typical-length 9,000" in r.output, r.output
+    # The default prompt is no request the user named: cut to the context, as before.
+    r = invoke("fit", LLAMA, "--gpu", "L4", "--no-verify", "--max-model-len", "2048",
+               "--output-len", "512", "--json")  # fmt: skip
+    assert r.exit_code == 0, r.output
+    assert _json(r)["performance"]["input_len"] == 1536
+
+
 def test_estimate_report_shows_the_speed() -> None:
     r = invoke("estimate", LLAMA, "--gpu", "H100", "--max-model-len", "8192")
     assert r.exit_code == 0, r.output

@@ -427,8 +427,33 @@ def build_workload(opts: dict[str, Any]) -> Workload:
     return Workload(input_len=input_len, output_len=output_len, concurrency=opts["concurrency"])
 
 
+def _check_asked_lengths(opts: dict[str, Any]) -> None:
+    """Refuse a typical request the user named longer than the --max-model-len they named:
+    vLLM refuses such a request, so no plan could serve the concurrency counted in it.
+    Defaults alone are not refused (the speed model cuts the default prompt to fit)."""
+    context = _context(opts)
+    given_in, given_out = opts.get("input_len"), opts.get("output_len")
+    asked = opts.get("typical_length") or (given_in or 0) + (given_out or 0)
+    if context is not None and asked > context:
+        named = (
+            f"--typical-length {asked:,}"
+            if opts.get("typical_length")
+            else " + ".join(
+                f"{flag} {value:,}"
+                for flag, value in (("--input-len", given_in), ("--output-len", given_out))
+                if value is not None
+            )
+        )
+        raise InvalidSettingError(
+            f"{named} asks for requests of {asked:,} tokens, longer than --max-model-len "
+            f"{context:,}: vLLM refuses them.",
+            hint=f"Pass --max-model-len {asked} or more (or auto), or shorter lengths.",
+        )
+
+
 def build_constraints(opts: dict[str, Any]) -> Constraints:
     """Constraints from the fit flags (the dataclass validates them)."""
+    _check_asked_lengths(opts)
     input_len, output_len = lengths(opts)
     typical = opts.get("typical_length") or input_len + output_len
     return Constraints(
