@@ -19,7 +19,7 @@ from oominfer.memory.estimate import estimate
 from oominfer.model.catalog import catalog_entry
 from oominfer.model.config import spec_from_config
 from oominfer.model.load import load_spec
-from oominfer.model.spec import ModelSpec
+from oominfer.model.spec import ModelSpec, QuantSpec
 from oominfer.planning.constraints import Constraints
 from oominfer.rules import attention, dtypes, kv_cache, parallel, quantization
 from oominfer.rules.versions import CURRENT_VLLM, LATEST_VLLM, EngineVersion
@@ -63,6 +63,29 @@ def test_tensor_parallel_must_divide_the_kv_heads_or_be_divided_by_them() -> Non
         )
     # KV heads fewer than the ranks are replicated: 8 KV heads at TP 16 is fine
     assert parallel.tensor_parallel_refusal(load_spec(LLAMA_8B), 16) is None
+
+
+def test_group_quantized_slices_must_be_whole_groups_but_mxfp4_experts_are_padded() -> None:
+    """AWQ/GPTQ refuse a TP whose slice of a row-parallel input is not whole groups of 128
+    (Qwen2.5-72B AWQ's 29,568 at TP 2 is 14,784 a rank). gpt-oss's MXFP4 experts are padded
+    per rank instead (fused_moe/oracle/mxfp4.py rounds 2,880 / 4 = 720 up to 768): vLLM
+    serves gpt-oss-120b at TP 4 and 8 (gpustack's performance lab, vLLM 0.10.2, TP 4)."""
+    awq = dataclasses.replace(
+        load_spec("Qwen/Qwen2.5-72B-Instruct"),
+        quantization=QuantSpec(method="awq", bits=4, group_size=128),
+    )
+    assert parallel.tensor_parallel_refusal(awq, 2) is not None
+    gpt_oss = load_spec("openai/gpt-oss-120b")
+    assert gpt_oss.quantization is not None and gpt_oss.quantization.group_size == 32
+    for tp in (2, 4, 8):
+        assert parallel.tensor_parallel_refusal(gpt_oss, tp) is None, tp
+    b = estimate(
+        gpt_oss,
+        hardware=Hardware.from_gpu("H100", 4),
+        settings=EngineSettings(tensor_parallel_size=4, max_model_len=32768),
+        version=CURRENT_VLLM,
+    )
+    assert b.fits
 
 
 def test_a_replica_larger_than_a_node_runs_on_ray() -> None:

@@ -41,6 +41,12 @@ def tensor_parallel_refusal(spec: ModelSpec, tp: int) -> str | None:
             "them (vLLM's attention layers assert one or the other)"
         )
     group = spec.quantization.group_size if spec.quantization else None
+    if group and spec.quantization is not None and spec.quantization.method == "mxfp4":
+        # MXFP4 quantizes only the experts, and its MoE methods round each rank's slice of
+        # the intermediate size up to their kernel's tile (fused_moe/oracle/mxfp4.py
+        # ``mxfp4_round_up_hidden_size_and_intermediate_size``: gpt-oss-120b's 2,880 at TP 4
+        # is 720 a rank, run as 768; memory/weights.py mxfp4_expert_ratio counts the padding).
+        group = None
     if group:
         # A row-parallel layer's slice of its input must hold whole quantization groups
         # (quantization/auto_awq.py, gptq: "The input size is not aligned with the quantized
