@@ -270,55 +270,85 @@ def predict_burst(
     spread: bool,
 ) -> Performance | None:
     """Predicted speed of ``requests`` requests sent all at once and run to the end (vLLM's
-    benchmark_throughput, or benchmark_serving at request rate inf): what a batch job sees,
-    as benchmark_serving reports it (output tokens over the run's duration; TTFT and TPOT
-    the means over requests, TPOT of each its decode time over its tokens after the first).
+    benchmark_throughput, or benchmark_serving at request rate inf): ``predict_run`` with
+    every request in flight from the start."""
+    return predict_run(
+        spec,
+        gpu=gpu,
+        settings=settings,
+        breakdown=breakdown,
+        workload=Workload(input_len=input_len, output_len=output_len, concurrency=requests),
+        prompts=requests,
+        spread=spread,
+    )
+
+
+def predict_run(
+    spec: ModelSpec,
+    *,
+    gpu: GpuSpec,
+    settings: EngineSettings,
+    breakdown: MemoryBreakdown,
+    workload: Workload,
+    prompts: int,
+    spread: bool,
+) -> Performance | None:
+    """Predicted speed of a benchmark run of ``prompts`` requests, at most
+    ``workload.concurrency`` in flight (vLLM's benchmark_serving --num-prompts with
+    --max-concurrency; all at once when the concurrency is at least the prompts), as it
+    reports it: output tokens over the run's duration; TTFT and TPOT the means over requests,
+    the TTFT of each from when its client sent it, the TPOT of each its decode time over its
+    tokens after the first.
 
     Unlike the steady closed loop of ``predict``, the run has a start and an end, and it is
     stepped through as vLLM's scheduler runs it: every step decodes one token for each
     request that has its first, and gives what is left of max_num_batched_tokens to the
-    prompts in arrival order (chunked prefill), admitting new requests while fewer than
-    max_num_seqs (and the KV cache) allow run; the last ones drain at an ever smaller
-    batch. A request that decodes while prompts are computed beside it sees those longer
-    steps in its TPOT. With ``spread`` the output lengths vary around ``output_len`` (real
-    chat data such as ShareGPT, taken as exponential); without it every request generates
-    exactly ``output_len`` tokens.
+    prompts in arrival order (chunked prefill), admitting new requests while fewer than the
+    concurrency, max_num_seqs and the KV cache allow run; the last ones drain at an ever
+    smaller batch. A request that decodes while prompts are computed beside it sees those
+    longer steps in its TPOT. With ``spread`` the output lengths vary around ``output_len``
+    (real chat data such as ShareGPT, taken as exponential); without it every request
+    generates exactly ``output_len`` tokens.
     """
     if breakdown.engine != "vllm" or not breakdown.fits:
         return None
     c = chip(gpu, settings, spec)
     if c is None:
         return None
-    asked = Workload(input_len=input_len, output_len=output_len, concurrency=requests)
-    w = _within(asked, breakdown.max_model_len)
+    w = _within(workload, breakdown.max_model_len)
     s = stage(spec, settings, breakdown)
     pp = settings.pipeline_parallel_size
-    cap = min(requests, breakdown.running_at(w.total_len))
+    room = breakdown.running_at(w.total_len)
+    cap = min(prompts, w.concurrency, room)
     if cap < 1:
         return None
-    outputs = _output_lengths(requests, w.output_len, spread)
+    outputs = _output_lengths(prompts, w.output_len, spread)
     run = _run_burst(s, c, w, outputs, cap=cap, chunk=breakdown.max_num_batched_tokens, pp=pp)
     if run is None:
         return None
     first, finish, clock, bound_at_full = run
+    # The client sends request j when the (j - concurrency + 1)-th answer is done.
+    done = sorted(finish)
+    sent = [0.0 if j < w.concurrency else done[j - w.concurrency] for j in range(prompts)]
     total = clock + REQUEST_OVERHEAD_S
     tokens = sum(outputs)
-    tpots = [(finish[j] - first[j]) / (outputs[j] - 1) for j in range(requests) if outputs[j] > 1]
+    tpots = [(finish[j] - first[j]) / (outputs[j] - 1) for j in range(prompts) if outputs[j] > 1]
     bound = bound_at_full or step_time(s, c, decodes=cap, context=w.total_len).bound
+    asked = min(w.concurrency, prompts)
     return Performance(
-        ttft_s=REQUEST_OVERHEAD_S + sum(first) / requests,
+        ttft_s=REQUEST_OVERHEAD_S + sum(f - t for f, t in zip(first, sent, strict=True)) / prompts,
         tpot_s=sum(tpots) / len(tpots) if tpots else 0.0,
         output_tokens_per_s=tokens / total,
-        requests_per_s=requests / total,
+        requests_per_s=prompts / total,
         concurrency=cap,
         input_len=w.input_len,
         output_len=w.output_len,
         bound=bound,
-        requested_concurrency=requests,
+        requested_concurrency=asked,
         limited_by=None
-        if cap >= requests
+        if cap >= asked
         else ("max_num_seqs" if cap >= breakdown.max_num_seqs else "kv_cache"),
-        **_asked(asked, w),
+        **_asked(workload, w),
     )
 
 
