@@ -76,11 +76,15 @@ STAND_INS: Final[dict[str, tuple[str, str | None]]] = {
     # Same architecture and weight format as a catalog checkpoint: the 2507 FP8 refresh, the
     # Qwen3-Next Instruct beside its Thinking twin, a Japanese fine-tune of phi-4 (14B).
     "Qwen/Qwen3-235B-A22B-Instruct-2507-FP8": ("Qwen/Qwen3-235B-A22B-FP8", None),
+    "Qwen/Qwen3-235B-A22B-Instruct-2507": ("Qwen/Qwen3-235B-A22B", None),
     "Qwen/Qwen3-Next-80B-A3B-Instruct": ("Qwen/Qwen3-Next-80B-A3B-Thinking", None),
     "shisa-ai/shisa-v2-unphi4-14b": ("microsoft/phi-4", None),
     # Qwen's own 4-bit checkpoints of catalog models (group 128).
     "Qwen/Qwen3-8B-AWQ": ("Qwen/Qwen3-8B", "awq"),
     "Qwen/Qwen3-14B-AWQ": ("Qwen/Qwen3-14B", "awq"),
+    "Qwen/Qwen3-32B-AWQ": ("Qwen/Qwen3-32B", "awq"),
+    # Qwen's block-FP8 checkpoint of a catalog model: 8-bit weights (W8A16 Marlin on an A100).
+    "Qwen/Qwen3-14B-FP8": ("Qwen/Qwen3-14B", "fp8"),
     "Qwen/Qwen2.5-14B-Instruct-AWQ": ("Qwen/Qwen2.5-14B-Instruct", "awq"),
     "Qwen/Qwen2.5-14B-Instruct-GPTQ-Int4": ("Qwen/Qwen2.5-14B-Instruct", "gptq"),
     "Qwen/Qwen2.5-72B-Instruct-AWQ": ("Qwen/Qwen2.5-72B-Instruct", "awq"),

@@ -23,12 +23,12 @@ from oominfer.settings import EngineSettings
 from oominfer.speed.roofline import (
     ALL_REDUCE_LATENCY_S,
     BANDWIDTH_EFFICIENCY,
-    COMPUTE_EFFICIENCY,
     FOUR_BIT_BANDWIDTH_EFFICIENCY,
     REQUEST_OVERHEAD_S,
     Bound,
     Chip,
     Stage,
+    compute_efficiency,
     moe_read_share,
     step_time,
 )
@@ -99,7 +99,7 @@ def chip(gpu: GpuSpec, settings: EngineSettings, spec: ModelSpec) -> Chip | None
     return Chip(
         bandwidth=gpu.memory_bandwidth_gbps * 1e9 * efficiency,
         expert_bandwidth=gpu.memory_bandwidth_gbps * 1e9 * efficiency * moe_read_share(gpu),
-        flops=flops * COMPUTE_EFFICIENCY,
+        flops=flops * compute_efficiency(gpu),
         link=link,
         all_reduce_latency_s=ALL_REDUCE_LATENCY_S[gpu.interconnect],
         eager=settings.enforce_eager,

@@ -42,6 +42,22 @@ GB10 to B200, one to 1,000 streams): one share for every GPU (0.64) left the GB1
 Nemotron at 0.44x its measured tokens/s; this one moves the HBM points by under 5% and the
 median error of output tokens/s over both sets from 11.2% to 8.0%."""
 COMPUTE_EFFICIENCY: Final = 0.40
+"""GEMMs of a step reach this share of the dense tensor-core peak on the datacenter GPUs
+from Hopper on (compute capability 9.x and 10.x: H100, H200, GH200, B200)..."""
+COMPUTE_EFFICIENCY_MMA: Final = 0.50
+"""... and this share on the GPUs before them and beside them (Volta to Ada, and the
+Blackwell workstation and consumer cards, compute capability 12.x). Hopper's warpgroup and
+Blackwell's tcgen05 tensor cores do two and four times the A100's tensor FLOPs per SM and
+clock, and vLLM's steps (the GEMMs with the attention, norms, sampling and launches between
+them) keep a smaller share of that peak busy. Gathered measurements of the same models and
+benchmarks on both (tests/data/calibration/extra_throughput_points.jsonl, gpustack's
+performance lab, vLLM 0.11: Qwen3-14B, Qwen3-32B, gpt-oss-20b and -120b, Qwen3-235B on A100s
+and H100s) put an H100 at 1.2-1.8x an A100 on prompt-heavy bursts where the datasheets'
+peaks say 3.2x; the RTX 4090, RTX A6000 and RTX PRO 6000 points were predicted 1.2-1.5x slow
+at the one share. On the 105 gpustack points this split takes the median error of output
+tokens/s from 18.1% to 14.5% and of TPOT from 19.2% to 18.6%, on the earlier gathered points
+from 11.5% / 16.8% to 10.4% / 13.3% (worst TPOT 2.24x to 1.87x), and on the shared set from
+13.7% / 15.8% to 13.4% / 17.9%."""
 MOE_COMPUTE_SHARE: Final = 0.75
 """The fused-MoE kernels reach at most this share of the dense GEMMs' FLOPs/s on the routed
 experts' work (tokens sorted and padded per expert, one small GEMM per expert block)..."""
@@ -54,7 +70,6 @@ The two are solved on the prompt-bound bursts of gathered measurements
 prompt tokens/s, predicted 1.37x that at the dense rate; DeepSeek-R1 at TP 8 on H200s,
 15.1k, predicted 1.78x), and leave Mixtral at TP 2 (7,168 columns a GPU, t17) where it was.
 Only the large prompt chunks feel it: the shortfall is added at full tensor-core fill."""
-"""GEMMs of a step reach this share of the dense tensor-core peak."""
 GEMM_HALF_TOKENS: Final = 64
 """Tokens in a step at which its GEMMs reach half of COMPUTE_EFFICIENCY x the peak."""
 GEMM_MIN_TOKENS: Final = 16
@@ -159,6 +174,13 @@ def touched_expert_share(share: float, tokens: float) -> float:
         return 0.0
     missed: float = (1.0 - min(share, 1.0)) ** tokens
     return 1.0 - missed
+
+
+def compute_efficiency(gpu: GpuSpec) -> float:
+    """The share of ``gpu``'s dense tensor-core peak a step's GEMMs reach:
+    COMPUTE_EFFICIENCY on the datacenter GPUs from Hopper on, COMPUTE_EFFICIENCY_MMA on the
+    others."""
+    return COMPUTE_EFFICIENCY if gpu.compute_capability[0] in (9, 10) else COMPUTE_EFFICIENCY_MMA
 
 
 def moe_read_share(gpu: GpuSpec) -> float:
