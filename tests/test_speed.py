@@ -377,6 +377,29 @@ def test_a_burst_with_varied_lengths_drains_slower_than_fixed_lengths() -> None:
     assert varied.requests_per_s == pytest.approx(varied.output_tokens_per_s / 200, rel=1e-3)
 
 
+def test_a_long_closed_loop_run_is_extended_at_the_pace_of_its_middle_waves(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """predict_run steps through SIMULATED_WAVES batches of a closed loop and extends the
+    rest at their pace: within 4% of stepping through all of it."""
+    import oominfer.speed.performance as performance
+
+    spec = load_spec("meta-llama/Llama-3.1-8B-Instruct")
+    hw = Hardware.from_gpu("H100")
+    s = EngineSettings(max_model_len=4096)
+    b = estimate(spec, hardware=hw, settings=s, version=CURRENT_VLLM)
+    w = Workload(input_len=300, output_len=100, concurrency=8)
+    kw: dict[str, Any] = {"gpu": hw.gpu, "settings": s, "breakdown": b, "workload": w,
+                          "prompts": 800, "spread": True}  # fmt: skip
+    short = performance.predict_run(spec, **kw)
+    monkeypatch.setattr(performance, "SIMULATED_WAVES", 1000)
+    full = performance.predict_run(spec, **kw)
+    assert short is not None and full is not None
+    assert short.output_tokens_per_s == pytest.approx(full.output_tokens_per_s, rel=0.04)
+    assert short.ttft_s == pytest.approx(full.ttft_s, rel=0.05)
+    assert short.tpot_s == pytest.approx(full.tpot_s, rel=0.05)
+
+
 def test_a_burst_request_decoding_beside_prompts_sees_longer_steps() -> None:
     """Every prompt of a burst is computed in the first steps, beside the decodes of those
     that already have their first token: the mean TPOT over requests is longer than a

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 from _pure_fixtures import offline_hub  # noqa: F401 - autouse fixture
 from click.testing import CliRunner, Result
 
@@ -80,6 +81,28 @@ def test_fit_refuses_named_lengths_longer_than_the_named_context() -> None:
                "--output-len", "512", "--json")  # fmt: skip
     assert r.exit_code == 0, r.output
     assert _json(r)["performance"]["input_len"] == 1536
+
+
+def test_estimate_predicts_a_benchmark_run_of_num_prompts() -> None:
+    """--num-prompts: what vllm bench serve reports for that many requests at
+    --max-concurrency (all at once here): the ramp and the drain make its tokens/s lower
+    than the steady state's and its first tokens later, and the JSON says which it is."""
+    base = [
+        "estimate", LLAMA, "--gpu", "H100", "--max-model-len", "8192", "--input-len", "1000",
+        "--output-len", "200", "--concurrency", "256", "--json",
+    ]  # fmt: skip
+    steady = _json(invoke(*base))["performance"]
+    run = _json(invoke(*base, "--num-prompts", "256"))["performance"]
+    assert steady["num_prompts"] is None and run["num_prompts"] == 256
+    assert run["output_tokens_per_s"] < steady["output_tokens_per_s"]
+    assert run["ttft_s"] > steady["ttft_s"]
+    # Twenty waves of the same clients come near the steady state (requests of one length
+    # sent together stay in step: each wave's prompts are computed before its decodes).
+    long = _json(invoke(*base, "--num-prompts", "5000"))["performance"]
+    assert run["output_tokens_per_s"] < long["output_tokens_per_s"]
+    assert long["output_tokens_per_s"] == pytest.approx(steady["output_tokens_per_s"], rel=0.15)
+    text = invoke(*base[:-1], "--num-prompts", "256").stdout
+    assert "over a run of 256 requests" in text
 
 
 def test_estimate_report_shows_the_speed() -> None:

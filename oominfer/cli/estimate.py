@@ -77,6 +77,7 @@ def estimate(model: str, revision: str | None, as_json: bool, **opts: Any) -> No
     from oominfer.report.ways_out import ways_out
     from oominfer.speed import calibrated
     from oominfer.speed import predict as predict_speed
+    from oominfer.speed.performance import predict_run
     from oominfer.verify.memory_store import memory_layout, recall_memory
     from oominfer.verify.speed_store import recall
 
@@ -111,9 +112,16 @@ def estimate(model: str, revision: str | None, as_json: bool, **opts: Any) -> No
         memory = None
     predicted = Prediction.of(b)
     fits, line = verdict(predicted)
-    perf = predict_speed(
-        spec, gpu=hardware.gpu, settings=settings, breakdown=b, workload=build_workload(opts)
-    )
+    workload = build_workload(opts)
+    if opts.get("num_prompts"):
+        perf = predict_run(
+            spec, gpu=hardware.gpu, settings=settings, breakdown=b, workload=workload,
+            prompts=opts["num_prompts"], spread=False,
+        )  # fmt: skip
+    else:
+        perf = predict_speed(
+            spec, gpu=hardware.gpu, settings=settings, breakdown=b, workload=workload
+        )
     measured = recall(spec.model_id, hardware.gpu.name, release) if perf else None
     if perf is not None and measured is not None and measured.ratio is not None:
         perf = calibrated(perf, measured.ratio)

@@ -201,6 +201,13 @@ OUTPUT_LEN = click.option(
     help=f"Generated tokens of a typical request, for the predicted speed (default: "
     f"{OUTPUT_LEN_DEFAULT:,}).",
 )  # fmt: skip
+NUM_PROMPTS = click.option(
+    "--num-prompts", type=POSITIVE,
+    help="Predict a benchmark run of this many requests, --concurrency of them in flight at "
+    "most (vllm bench serve --num-prompts/--max-concurrency; all at once when --concurrency "
+    "is at least this): tokens/s over the whole run, its start and its drain included. "
+    "Default: the steady state of --concurrency clients.",
+)  # fmt: skip
 SPEED_CONCURRENCY = click.option(
     "--concurrency", type=POSITIVE, default=CONCURRENCY_DEFAULT, show_default=True,
     help="Requests sent at once, for the predicted speed; vLLM runs at most max_num_seqs "
@@ -235,6 +242,7 @@ settings_options = _compose(
     INPUT_LEN,
     OUTPUT_LEN,
     SPEED_CONCURRENCY,
+    NUM_PROMPTS,
 )
 """The engine flags of `estimate`, under vLLM's names and with vLLM's defaults."""
 

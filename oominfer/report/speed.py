@@ -35,6 +35,7 @@ def performance_json(
         "limited_by": perf.limited_by,
         "asked_input_len": perf.asked_input_len,
         "asked_output_len": perf.asked_output_len,
+        "num_prompts": perf.num_prompts,
         "calibrated_from": calibration,
     }
 
@@ -61,9 +62,14 @@ def speed_lines(perf: Performance | None, measured: Measured | None = None) -> l
     if perf.limited_by is not None:
         why = "max_num_seqs" if perf.limited_by == "max_num_seqs" else "the KV cache"
         capped = f" ({perf.requested_concurrency} asked; {why} caps it, the rest wait)"
+    run = (
+        f" over a run of {perf.num_prompts:,} requests (its start and drain included)"
+        if perf.num_prompts is not None
+        else ""
+    )
     rows = [
         ("speed", f"predicted for {perf.concurrency} requests at once{capped} of "
-                  f"{perf.input_len:,} prompt + {perf.output_len:,} output tokens"),
+                  f"{perf.input_len:,} prompt + {perf.output_len:,} output tokens{run}"),
         ("  output tok/s", f"{perf.output_tokens_per_s:,.0f} (all requests together), "
                            f"{perf.requests_per_s:,.2f} requests/s"),
         ("  TPOT", f"{_ms(perf.tpot_s)} per output token ({perf.bound}-bound)"),

@@ -12,7 +12,7 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Final, Literal
 
 from oominfer.hardware.gpu import GpuSpec
 from oominfer.memory.breakdown import MemoryBreakdown
@@ -66,6 +66,9 @@ class Performance:
     such requests, so the prediction is for ``input_len`` (the prompt cut to fit)."""
     asked_output_len: int | None = None
     """The output tokens asked, in that case (``output_len`` keeps them when it can)."""
+    num_prompts: int | None = None
+    """The requests of the benchmark run predicted (``predict_run``); None for the steady
+    state of ``predict``."""
 
 
 def _compute_flops(gpu: GpuSpec, method: str | None) -> float | None:
@@ -258,6 +261,11 @@ def _prefill_seconds(s: Stage, c: Chip, w: Workload, running: int, chunk: int) -
     return seconds
 
 
+SIMULATED_WAVES: Final = 16
+"""``predict_run`` steps through at most this many batches of requests (a batch: as many as
+run at once) and extends the rest at their pace."""
+
+
 def predict_burst(
     spec: ModelSpec,
     *,
@@ -322,22 +330,42 @@ def predict_run(
     cap = min(prompts, w.concurrency, room)
     if cap < 1:
         return None
-    outputs = _output_lengths(prompts, w.output_len, spread)
+    # Past SIMULATED_WAVES batches a closed loop repeats itself: step through that many and
+    # extend the duration at the pace of their middle half. Requests that queue (more in
+    # flight than run) wait longer the later they come: those runs are stepped to the end.
+    queued = w.concurrency > cap
+    simulated = prompts if queued else min(prompts, SIMULATED_WAVES * cap)
+    outputs = _output_lengths(simulated, w.output_len, spread)
     run = _run_burst(s, c, w, outputs, cap=cap, chunk=breakdown.max_num_batched_tokens, pp=pp)
     if run is None:
         return None
     first, finish, clock, bound_at_full = run
     # The client sends request j when the (j - concurrency + 1)-th answer is done.
     done = sorted(finish)
-    sent = [0.0 if j < w.concurrency else done[j - w.concurrency] for j in range(prompts)]
+    sent = [0.0 if j < w.concurrency else done[j - w.concurrency] for j in range(simulated)]
+    ttfts = [f - t for f, t in zip(first, sent, strict=True)]
+    tpots = {
+        j: (finish[j] - first[j]) / (outputs[j] - 1) for j in range(simulated) if outputs[j] > 1
+    }
+    ttft_sum, tpot_sum, tpot_n = sum(ttfts), sum(tpots.values()), len(tpots)
+    if simulated < prompts:
+        # The rest arrive as the middle half did: at its pace, with its TTFT and TPOT.
+        quarter = simulated // 4
+        middle = range(quarter, 3 * quarter)
+        rest = prompts - simulated
+        clock += rest * (done[3 * quarter] - done[quarter]) / max(len(middle), 1)
+        ttft_sum += rest * sum(ttfts[j] for j in middle) / max(len(middle), 1)
+        steady = [tpots[j] for j in middle if j in tpots]
+        if steady:
+            tpot_sum += rest * sum(steady) / len(steady)
+            tpot_n += rest
     total = clock + REQUEST_OVERHEAD_S
-    tokens = sum(outputs)
-    tpots = [(finish[j] - first[j]) / (outputs[j] - 1) for j in range(prompts) if outputs[j] > 1]
+    tokens = sum(outputs) * prompts / simulated
     bound = bound_at_full or step_time(s, c, decodes=cap, context=w.total_len).bound
     asked = min(w.concurrency, prompts)
     return Performance(
-        ttft_s=REQUEST_OVERHEAD_S + sum(f - t for f, t in zip(first, sent, strict=True)) / prompts,
-        tpot_s=sum(tpots) / len(tpots) if tpots else 0.0,
+        ttft_s=REQUEST_OVERHEAD_S + ttft_sum / prompts,
+        tpot_s=tpot_sum / tpot_n if tpot_n else 0.0,
         output_tokens_per_s=tokens / total,
         requests_per_s=prompts / total,
         concurrency=cap,
@@ -348,6 +376,7 @@ def predict_run(
         limited_by=None
         if cap >= asked
         else ("max_num_seqs" if cap >= breakdown.max_num_seqs else "kv_cache"),
+        num_prompts=prompts,
         **_asked(workload, w),
     )
 
