@@ -79,6 +79,11 @@ STAND_INS: Final[dict[str, tuple[str, str | None]]] = {
     "Qwen/Qwen3-235B-A22B-Instruct-2507": ("Qwen/Qwen3-235B-A22B", None),
     "Qwen/Qwen3-Next-80B-A3B-Instruct": ("Qwen/Qwen3-Next-80B-A3B-Thinking", None),
     "shisa-ai/shisa-v2-unphi4-14b": ("microsoft/phi-4", None),
+    # Qwen2 checkpoints with the same shapes as their Qwen2.5 successors, and a base model
+    # beside its instruct twin.
+    "Qwen/Qwen2-7B-Instruct": ("Qwen/Qwen2.5-7B-Instruct", None),
+    "Qwen/Qwen2-72B": ("Qwen/Qwen2.5-72B-Instruct", None),
+    "Qwen/Qwen2.5-32B": ("Qwen/Qwen2.5-32B-Instruct", None),
     # Qwen's own 4-bit checkpoints of catalog models (group 128).
     "Qwen/Qwen3-8B-AWQ": ("Qwen/Qwen3-8B", "awq"),
     "Qwen/Qwen3-14B-AWQ": ("Qwen/Qwen3-14B", "awq"),
