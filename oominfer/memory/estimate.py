@@ -125,17 +125,13 @@ def estimate(
         raise InvalidSettingError(f"{refused}.", hint=f"Use {flag('kv_cache_dtype')} auto.")
     method = s.quantization or (spec.quantization.method if spec.quantization else None)
     if method is not None and engine == "vllm":
-        refused = quantization_rules.refusal(
-            method, gpu=gpu, dtype=dtype, engine=engine, device=device, release=version.release
-        )
-        if refused:
-            raise InvalidSettingError(
-                f"vLLM cannot load {spec.model_id} here: {refused}.",
-                hint=quantization_rules.refusal_hint(
-                    method, gpu=gpu, dtype=dtype, engine=engine, device=device,
-                    release=version.release, runnable=allowed_dtypes(spec, gpu),
-                ),
-            )  # fmt: skip
+        quant_refused = quantization_rules.refusal_and_hint(
+            method, gpu=gpu, dtype=dtype, engine=engine, device=device,
+            release=version.release, runnable=allowed_dtypes(spec, gpu),
+        )  # fmt: skip
+        if quant_refused:
+            why, hint = quant_refused
+            raise InvalidSettingError(f"vLLM cannot load {spec.model_id} here: {why}.", hint=hint)
     kv_elem = kv_dtype_bytes(s.kv_cache_dtype, dtype)
     max_len = spec.context(s.max_model_len)
     default_tokens, default_seqs = vllm_defaults(hardware, world_size=s.model_world_size)

@@ -133,31 +133,13 @@ def refusal(
 ) -> str | None:
     """Why the engine (vLLM: of ``release``) refuses ``method`` here, in one sentence, or
     None when it accepts it."""
-    found = _refusal(method, gpu=gpu, dtype=dtype, engine=engine, device=device, release=release)
+    found = refusal_and_hint(
+        method, gpu=gpu, dtype=dtype, engine=engine, device=device, release=release
+    )
     return found[0] if found else None
 
 
-def refusal_hint(
-    method: str,
-    *,
-    gpu: GpuSpec,
-    dtype: str,
-    engine: Engine,
-    device: str,
-    release: tuple[int, int],
-    runnable: tuple[str, ...],
-) -> str | None:
-    """What to change when ``refusal`` refuses ``method`` here: the one way out that fits
-    the reason (another engine, GPU or dtype; ``runnable``: the dtypes the GPU and the model
-    allow, rules/dtypes.py allowed_dtypes)."""
-    found = _refusal(
-        method, gpu=gpu, dtype=dtype, engine=engine, device=device, release=release,
-        runnable=runnable,
-    )  # fmt: skip
-    return found[1] if found else None
-
-
-def _refusal(
+def refusal_and_hint(
     method: str,
     *,
     gpu: GpuSpec,
@@ -167,7 +149,9 @@ def _refusal(
     release: tuple[int, int],
     runnable: tuple[str, ...] = _SIXTEEN_ORDER,
 ) -> tuple[str, str] | None:
-    """(why the engine refuses ``method`` here, what to change), or None."""
+    """(why the engine refuses ``method`` here, what to change), or None: the one way out
+    that fits the reason (another engine, GPU or dtype; ``runnable``: the dtypes the GPU and
+    the model allow, rules/dtypes.py allowed_dtypes)."""
     rule = rule_for(method)
     if rule is None:
         return f"{engine} has no {method} quantization method", "Pass another --quantization."
