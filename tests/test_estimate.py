@@ -440,7 +440,9 @@ def test_transformers_engine_returns_a_breakdown() -> None:
     assert b.kv_cache_bytes == (
         b.budget_bytes - b.weights_bytes - b.activation_bytes - b.non_torch_bytes
     )
-    assert b.non_torch_bytes == 512 * MiB
+    assert (
+        b.non_torch_bytes == 695 * MiB
+    )  # measured on an H100 and an H200 (test_device_transformers)
     assert b.fits
 
 

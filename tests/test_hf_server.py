@@ -572,6 +572,57 @@ def test_single_request_that_cannot_fit_fails_alone(tiny_llama: Path) -> None:
     )  # 1st group of 4 was split before
 
 
+def test_a_prefill_group_holds_at_most_the_planned_tokens(tiny_llama: Path) -> None:
+    """In-process: four 20-token prompts queued at once, with a 64-token prefill bound
+    (the plan's max_model_len, which its memory sized one forward pass for): the first group
+    takes three (3 x 20 = 60), the fourth waits one iteration; all four finish. Unbounded,
+    the four go in one group of 80 tokens."""
+    import threading
+
+    import torch
+
+    from oominfer.engines import transformers as hf
+
+    config = hf.resolve_config(hf.parse_args(["--model", str(tiny_llama), "--dtype", "float32"]))
+    engine = hf.ModelRunner.load(config)
+    prefills: list[tuple[int, int]] = []
+
+    def record(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        rows, width = kwargs["input_ids"].shape
+        if width > 1:
+            prefills.append((rows, width))
+
+    engine.model.register_forward_pre_hook(record, with_kwargs=True)
+
+    def run(bound: int | None) -> list[tuple[int, int]]:
+        prefills.clear()
+        scheduler = hf.Scheduler(engine, max_num_seqs=4, max_queue=16, metrics=hf.Metrics(),
+                                 max_prefill_tokens=bound)  # fmt: skip
+        finished: list[hf.Event] = []
+        all_done = threading.Event()
+
+        def emit(event: hf.Event) -> None:
+            if not isinstance(event, hf.TokenEvent):
+                finished.append(event)
+                if len(finished) == 4:
+                    all_done.set()
+
+        for i in range(4):  # all queued before the worker starts
+            prompt = list(range(3 + i, 23 + i))
+            scheduler.submit(hf.Seq(prompt=prompt, max_tokens=4, temperature=0,
+                                    ignore_eos=True, emit=emit))  # fmt: skip
+        scheduler.start()
+        try:
+            assert all_done.wait(60), finished
+        finally:
+            scheduler.close()
+        assert all(isinstance(e, hf.FinishEvent) and e.completion_tokens == 4 for e in finished)
+        return list(prefills)
+
+    assert run(64) == [(3, 20), (1, 20)]
+    assert run(None) == [(4, 20)]
+
+
 # shutdown
 
 

@@ -161,6 +161,7 @@ def estimate(
             max_len=max_len,
             elem=elem,
             tp=tp,
+            device=device,
         )
     _check_lora_with_drafts(s, seqs=seqs, batched=batched)
     startup_short = 0

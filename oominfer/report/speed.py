@@ -57,7 +57,7 @@ def speed_lines(perf: Performance | None, measured: Measured | None = None) -> l
     uncoloured."""
     if perf is None:
         return ["speed             not predicted (no bandwidth/FLOPs figures for this GPU, "
-                "or the transformers engine)"]  # fmt: skip
+                "or no request of these lengths fits)"]  # fmt: skip
     capped = ""
     if perf.limited_by is not None:
         why = "max_num_seqs" if perf.limited_by == "max_num_seqs" else "the KV cache"

@@ -32,6 +32,9 @@ from oominfer.speed.roofline import (
     moe_read_share,
     step_time,
 )
+from oominfer.speed.transformers import TransformersSpeed
+from oominfer.speed.transformers import burst as transformers_burst
+from oominfer.speed.transformers import closed_loop as transformers_closed_loop
 from oominfer.speed.workload import Workload
 
 LimitedBy = Literal["max_num_seqs", "kv_cache"]
@@ -57,7 +60,8 @@ class Performance:
     input_len: int
     output_len: int
     bound: Bound
-    """What bounds a decode step: HBM bandwidth ("memory") or FLOPs ("compute")."""
+    """What bounds a decode step: HBM bandwidth ("memory"), FLOPs ("compute"), or the host
+    launching eager kernels ("host", the transformers engine)."""
     requested_concurrency: int
     limited_by: LimitedBy | None = None
     """What capped the concurrency below the one asked, if anything."""
@@ -184,11 +188,11 @@ def predict(
 ) -> Performance | None:
     """Predicted speed of ``workload`` on one replica of the plan.
 
-    Returns None where there is nothing to predict from: a GPU without catalog figures,
-    the transformers engine (no continuous batching to model), or a KV cache that holds no
-    request of the workload's length.
+    Returns None where there is nothing to predict from: a GPU without catalog figures or
+    a KV cache that holds no request of the workload's length. The transformers engine's
+    steps are modelled apart (``oominfer.speed.transformers``).
     """
-    if breakdown.engine != "vllm" or not breakdown.fits:
+    if not breakdown.fits:
         return None
     c = chip(gpu, settings, spec)
     if c is None:
@@ -203,6 +207,16 @@ def predict(
     limited: LimitedBy | None = None
     if running < w.concurrency:
         limited = "max_num_seqs" if room >= breakdown.max_num_seqs else "kv_cache"
+    if breakdown.engine == "transformers":
+        t = transformers_closed_loop(
+            spec, gpu=gpu, settings=settings, breakdown=breakdown, stage=s, chip=c,
+            workload=w, running=running,
+        )  # fmt: skip
+        wait = 0.0
+        if w.concurrency > running:  # the others wait for a slot: Little's law
+            wait = (w.concurrency - running) / t.requests_per_s
+        return _transformers_performance(t, workload, w, running=running, wait=wait,
+                                         limited=limited)  # fmt: skip
     # Decode: every running request's next token; the other requests' prompts are computed
     # in the same steps, (running - 1) x input_len tokens over output_len steps on average.
     context = w.input_len + w.output_len / 2
@@ -225,6 +239,23 @@ def predict(
     rps = running / cycle
     if w.concurrency > running:  # the others wait for a slot: closed loop, Little's law
         ttft += (w.concurrency - running) / rps
+    return _performance(workload, w, ttft=ttft, tpot=tpot, rps=rps, running=running,
+                        bound=decode.bound, limited=limited)  # fmt: skip
+
+
+def _performance(
+    asked: Workload,
+    w: Workload,
+    *,
+    ttft: float,
+    tpot: float,
+    rps: float,
+    running: int,
+    bound: Bound,
+    limited: LimitedBy | None = None,
+    num_prompts: int | None = None,
+) -> Performance:
+    """``Performance`` of a closed loop or a run: ``w`` served of the ``asked`` workload."""
     return Performance(
         ttft_s=ttft,
         tpot_s=tpot,
@@ -233,11 +264,28 @@ def predict(
         concurrency=running,
         input_len=w.input_len,
         output_len=w.output_len,
-        bound=decode.bound,
+        bound=bound,
         requested_concurrency=w.concurrency,
         limited_by=limited,
-        **_asked(workload, w),
+        num_prompts=num_prompts,
+        **_asked(asked, w),
     )
+
+
+def _transformers_performance(
+    t: TransformersSpeed,
+    asked: Workload,
+    w: Workload,
+    *,
+    running: int,
+    wait: float = 0.0,
+    limited: LimitedBy | None = None,
+    num_prompts: int | None = None,
+) -> Performance:
+    """``Performance`` of the transformers engine's speed (``oominfer.speed.transformers``)."""
+    return _performance(asked, w, ttft=t.ttft_s + wait, tpot=t.tpot_s, rps=t.requests_per_s,
+                        running=running, bound=t.bound, limited=limited,
+                        num_prompts=num_prompts)  # fmt: skip
 
 
 def _prefill_seconds(s: Stage, c: Chip, w: Workload, running: int, chunk: int) -> float:
@@ -318,7 +366,7 @@ def predict_run(
     (real chat data such as ShareGPT, taken as exponential); without it every request
     generates exactly ``output_len`` tokens.
     """
-    if breakdown.engine != "vllm" or not breakdown.fits:
+    if not breakdown.fits:
         return None
     c = chip(gpu, settings, spec)
     if c is None:
@@ -330,6 +378,22 @@ def predict_run(
     cap = min(prompts, w.concurrency, room)
     if cap < 1:
         return None
+    if breakdown.engine == "transformers":
+        # All sent at once: stepped as the scheduler admits them. A run that queues is taken
+        # at its closed loop's steady pace (its ramp and drain are not stepped through).
+        if cap < prompts:
+            t = transformers_closed_loop(
+                spec, gpu=gpu, settings=settings, breakdown=breakdown, stage=s, chip=c,
+                workload=w, running=cap,
+            )  # fmt: skip
+        else:
+            t = transformers_burst(
+                spec, gpu=gpu, stage=s, chip=c, requests=prompts, input_len=w.input_len,
+                output_len=w.output_len, max_prefill_tokens=breakdown.max_model_len,
+            )  # fmt: skip
+        # A queued run is given at its steady pace: no run length is claimed for it.
+        runs = None if cap < prompts else prompts
+        return _transformers_performance(t, workload, w, running=cap, num_prompts=runs)
     # Past SIMULATED_WAVES batches a closed loop repeats itself: step through that many and
     # extend the duration at the pace of their middle half. Requests that queue (more in
     # flight than run) wait longer the later they come: those runs are stepped to the end.

@@ -19,7 +19,9 @@ from typing import TYPE_CHECKING, Final, Literal
 if TYPE_CHECKING:
     from oominfer.hardware.gpu import GpuSpec
 
-Bound = Literal["memory", "compute"]
+Bound = Literal["memory", "compute", "host"]
+"""What bounds a decode step: HBM bandwidth, FLOPs, or (the transformers engine) the host
+launching each layer's kernels."""
 
 # Fitted on the 21 vLLM points of throughput_points.jsonl that bench/speed.py can place
 # (dense and MoE, L4 to B200, TP 1-8, bf16/fp8/AWQ; steady closed loops through

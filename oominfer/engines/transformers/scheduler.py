@@ -3,7 +3,8 @@
 The worker owns the model. It keeps a *running batch* of at most ``max_num_seqs`` sequences,
 left-padded, with one ``DynamicCache`` and a 2-D attention mask (positions come from the mask's
 cumulative sum). Each iteration it admits waiting requests into the free slots (their prompts
-are prefilled together, then their caches are concatenated onto the running batch's), runs one
+are prefilled together, then their caches are concatenated onto the running batch's; a group
+holds at most ``max_prefill_tokens`` padded tokens, the prefill peak the plan sized), runs one
 decode step for the whole batch, hands each sequence its token, and drops finished rows
 (``batch_select_indices``) and all-padding columns. Concurrent requests therefore share every
 decode forward pass. Requests beyond the free slots wait in a bounded queue (``--max-queue``);
@@ -52,10 +53,22 @@ class Scheduler:
     """One worker thread that batches sequences and survives out-of-memory errors."""
 
     def __init__(
-        self, engine: ModelRunner, *, max_num_seqs: int, max_queue: int, metrics: Metrics
+        self,
+        engine: ModelRunner,
+        *,
+        max_num_seqs: int,
+        max_queue: int,
+        metrics: Metrics,
+        max_prefill_tokens: int | None = None,
     ) -> None:
-        """Create the scheduler; call ``start()`` to run its worker."""
+        """Create the scheduler; call ``start()`` to run its worker.
+
+        ``max_prefill_tokens`` bounds one prefill group: its prompts are padded to the
+        longest, so a group of n holds n x that length (a single longer prompt still runs
+        alone). The plan's memory holds one forward pass of that many tokens.
+        """
         self.engine = engine
+        self.max_prefill_tokens = max_prefill_tokens
         self.max_num_seqs = max_num_seqs
         self.max_queue = max_queue
         self.metrics = metrics
@@ -185,6 +198,7 @@ class Scheduler:
             return []  # a cache that cannot take new rows: wait for the batch to drain
         free = min(self.max_num_seqs, self.cap) - running
         group: list[Seq] = []
+        width = 0
         for source in (self._resume, self._waiting):
             while source and len(group) < free:
                 seq = source[0]
@@ -193,8 +207,13 @@ class Scheduler:
                     continue
                 if seq.solo and (running or group):
                     return group
+                wider = max(width, len(seq.ids))
+                limit = self.max_prefill_tokens
+                if group and limit is not None and (len(group) + 1) * wider > limit:
+                    return group  # the rest wait for the next iteration
                 source.popleft()
                 group.append(seq)
+                width = wider
                 if seq.solo:
                     return group
         return group

@@ -56,15 +56,16 @@ class Server:
             metrics=self.metrics,
             routes=OPENAI_ROUTES | {OPENAPI_PATH},
         )
+        config_len = getattr(engine.model.config, "max_position_embeddings", None)
+        self.max_model_len: int = config.settings.max_model_len or int(config_len or 2048)
         self.scheduler = Scheduler(
             engine,
             max_num_seqs=config.max_num_seqs,
             max_queue=config.max_queue,
             metrics=self.metrics,
+            max_prefill_tokens=self.max_model_len,
         )
         self.metrics.watch(self.scheduler.stats)
-        config_len = getattr(engine.model.config, "max_position_embeddings", None)
-        self.max_model_len: int = config.settings.max_model_len or int(config_len or 2048)
         self.seqs = SeqBuilder(config, engine, max_model_len=self.max_model_len)
         self.created = int(time.time())
         self.app = self._build_app()

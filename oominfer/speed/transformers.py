@@ -1,0 +1,153 @@
+"""The transformers engine's speed: a decode step bound by the host, prompts by FLOPs.
+
+oominfer's transformers server (engines/transformers/scheduler.py) batches continuously: each
+iteration prefills the newly admitted prompts together, then runs one eager decode step for
+every running sequence and samples on the host. Measured on an H100 and an H200 with
+real-size architectures (tests/data/calibration/device_transformers.jsonl), a decode step
+took 22-160 ms whatever the batch (1-32) and context (1,024-8,192): 4-30x what the GPU needs
+to read the weights and the cache. The step is the host launching each layer's kernels one
+by one from Python, so it grows with the layers; the GPU's roofline only matters where it is
+slower still (a large model on a slow card). A long prompt is the GPU's work: its prefill
+reached 0.55 of the dense peak at 32,768 tokens (flash SDPA and cuBLAS over one long row
+block), and a short one costs one host-bound pass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Final
+
+from oominfer.hardware.gpu import GpuSpec
+from oominfer.memory.breakdown import MemoryBreakdown
+from oominfer.model.spec import ModelSpec
+from oominfer.settings import EngineSettings
+from oominfer.speed.roofline import Bound, Chip, Stage, compute_efficiency, step_time
+from oominfer.speed.workload import Workload
+
+HOST_SECONDS_PER_LAYER: Final = 2.1e-3
+"""Host time of one eager decode pass per decoder layer: the median of 14 models' measured
+steps (batches 1-32) on the lent H100 and H200 machines' hosts, 0.67-3.2 ms a layer. A host
+twice as fast or as slow as those moves every transformers TPOT by about that much."""
+
+PREFILL_HOST_FACTOR: Final = 1.3
+"""A prompt's pass costs the host more than a decode pass (masks and positions over the
+whole prompt, larger launches): 512-token prefills took a median 2.7 ms a layer."""
+
+SCHEDULER_STEP_S: Final = 0.010
+"""The scheduler's own work per iteration (sampling and its host sync, each sequence's
+text and stop checks): the median gap between the scheduler's TPOT and the runner's bare
+step for the same model (12 bursts on the H100)."""
+
+PREFILL_COMPUTE_EFFICIENCY: Final = 0.55
+"""Share of the dense 16-bit peak a long prompt's prefill reaches (32,768-token prompts:
+0.50-0.61 on 10 architectures, H100 and H200)."""
+
+
+def host_seconds(spec: ModelSpec) -> float:
+    """One decode pass's host time: the floor of every decode step."""
+    return spec.num_layers * HOST_SECONDS_PER_LAYER
+
+
+def transformers_chip(chip: Chip, gpu: GpuSpec) -> Chip:
+    """The roofline's chip with the transformers engine's prefill efficiency."""
+    return dataclasses.replace(
+        chip, flops=chip.flops / compute_efficiency(gpu) * PREFILL_COMPUTE_EFFICIENCY
+    )
+
+
+def decode_seconds(
+    spec: ModelSpec, stage: Stage, chip: Chip, *, running: int, context: float
+) -> float:
+    """One decode step for ``running`` sequences: the host's floor, or the GPU's roofline
+    where that is slower."""
+    gpu = step_time(stage, chip, decodes=running, context=context).seconds
+    return max(host_seconds(spec), gpu)
+
+
+def prefill_seconds(spec: ModelSpec, stage: Stage, chip: Chip, *, tokens: int) -> float:
+    """One prompt of ``tokens`` tokens: its FLOPs, or one host-bound pass if that is longer."""
+    gpu = step_time(
+        stage, chip, decodes=0, context=0, prefill_tokens=tokens, prefill_context=tokens / 2
+    ).seconds
+    return max(PREFILL_HOST_FACTOR * host_seconds(spec), gpu)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TransformersSpeed:
+    """A closed loop of ``running`` clients on the transformers server, steady state."""
+
+    ttft_s: float
+    tpot_s: float
+    requests_per_s: float
+    bound: Bound
+    """"host" where the host's eager launches take longer than the GPU's roofline."""
+
+
+def closed_loop(
+    spec: ModelSpec,
+    *,
+    gpu: GpuSpec,
+    settings: EngineSettings,
+    breakdown: MemoryBreakdown,
+    stage: Stage,
+    chip: Chip,
+    workload: Workload,
+    running: int,
+) -> TransformersSpeed:
+    """Each request's prompt is prefilled on its own when a slot frees (the scheduler stops
+    the whole batch for it), then it decodes one token per step beside the others. Over a
+    request's ``output_len`` steps the other ``running - 1`` requests are each replaced once,
+    so its TPOT carries their prefills."""
+    del settings, breakdown  # the plan's memory caps ``running``; the speed needs no more
+    c = transformers_chip(chip, gpu)
+    context = workload.input_len + workload.output_len / 2
+    step = decode_seconds(spec, stage, c, running=running, context=context) + SCHEDULER_STEP_S
+    prefill = prefill_seconds(spec, stage, c, tokens=workload.input_len) + SCHEDULER_STEP_S
+    tpot = step + (running - 1) * prefill / max(workload.output_len, 1)
+    ttft = prefill + (step / 2 if running > 1 else 0.0)
+    cycle = ttft + (workload.output_len - 1) * tpot
+    gpu_step = step_time(stage, c, decodes=running, context=context)
+    return TransformersSpeed(
+        ttft_s=ttft,
+        tpot_s=tpot,
+        requests_per_s=running / cycle,
+        bound="host" if host_seconds(spec) >= gpu_step.seconds else gpu_step.bound,
+    )
+
+
+def burst(
+    spec: ModelSpec,
+    *,
+    gpu: GpuSpec,
+    stage: Stage,
+    chip: Chip,
+    requests: int,
+    input_len: int,
+    output_len: int,
+    max_prefill_tokens: int,
+) -> TransformersSpeed:
+    """``requests`` prompts sent at once and run to the end (all of them running): admitted
+    in prefill groups of at most ``max_prefill_tokens`` padded tokens, one decode step
+    between groups, then ``output_len - 1`` steps for the whole batch. TTFT is the mean over
+    requests of when their group's prefill ends; TPOT a request's steps after its first."""
+    c = transformers_chip(chip, gpu)
+    per_group = max(1, max_prefill_tokens // max(input_len, 1))
+    context = input_len + output_len / 2
+    clock, ttft_sum, admitted = 0.0, 0.0, 0
+    while admitted < requests:
+        group = min(per_group, requests - admitted)
+        if admitted:  # the running batch takes a step before the next group is admitted
+            clock += decode_seconds(spec, stage, c, running=admitted, context=input_len)
+            clock += SCHEDULER_STEP_S
+        clock += prefill_seconds(spec, stage, c, tokens=group * input_len) + SCHEDULER_STEP_S
+        ttft_sum += group * clock
+        admitted += group
+    step = step_time(stage, c, decodes=requests, context=context)
+    tpot = max(host_seconds(spec), step.seconds) + SCHEDULER_STEP_S
+    total = clock + (output_len - 1) * tpot
+    return TransformersSpeed(
+        ttft_s=ttft_sum / requests,
+        tpot_s=tpot,
+        requests_per_s=requests / total,
+        bound="host" if host_seconds(spec) >= step.seconds else step.bound,
+    )
