@@ -63,7 +63,7 @@ def ratios(rows: list[dict[str, Any]]) -> list[Ratio]:
     for row in rows:
         if row["kind"] != "model":
             continue
-        name = f"{row['gpu']}-{row['model'].split('/')[-1]}"
+        name = f"run{row['run']}-{row['gpu']}-{row['model'].split('/')[-1]}"
         spec = load_spec(row["model"])
         gpu = Hardware.from_gpu(row["gpu"]).gpu
         b = _breakdown(row, max_len=32768, seqs=1)

@@ -26,9 +26,16 @@ activation of its gate half and the product are alive together (4 x intermediate
 
 ROUTED_COPIES: Final = 4
 """transformers' grouped-GEMM experts (integrations/moe.py ``grouped_mm_experts_forward``)
-hold, per routed token, its gathered hidden state and then either the gate/up output and
-its activation (3 x the expert's intermediate size) or, at the end, three more hidden-size
-rows: the experts' output, its weighted copy and that copy put back in token order."""
+hold, per routed token, its gathered hidden state and then either the fused gate/up output,
+its gate's activation and their product (4 x the expert's intermediate size) or, at the
+end, three more hidden-size rows: the experts' output, its weighted copy and that copy put
+back in token order."""
+
+FP32_ROUTERS: Final = frozenset(
+    {"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "Glm4MoeForCausalLM"}
+)
+"""Routers that weigh the experts in float32: the weighted copy and its reordering are
+float32, two more hidden-size rows per routed token (6 in all)."""
 
 
 def transformers_forward_bytes(spec: ModelSpec, *, tokens: int, dtype_size: int, tp: int) -> int:
@@ -38,15 +45,17 @@ def transformers_forward_bytes(spec: ModelSpec, *, tokens: int, dtype_size: int,
     Eager modules free the attention's projections before the MLP runs, so the peak is the
     residual stream and a few hidden-size temporaries plus the larger of the two blocks, not
     their sum as in vLLM's profiling run (memory/profile.py ``forward_bytes``). Measured on
-    10 real-size architectures with random weights (H100, H200; 512-32,768 tokens): within
-    1% per token for every dense model, phi-4 and Qwen3-30B-A3B included.
+    12 real-size architectures with random weights (H100, H200; 512-32,768 tokens): within
+    4% for each, phi-4, Qwen3-30B-A3B, Mixtral-8x7B and DeepSeek-V2-Lite included (the last
+    two came after the fit and showed the experts' fused gate/up and the float32 router).
     """
     qkv = (spec.num_attention_heads + 2 * spec.num_kv_heads) * spec.head_dim
     fused = spec.architecture in FUSED_GATE_UP
     mlp = (MLP_TEMPORARIES + fused) * spec.intermediate_size
     if spec.is_moe:
         h, inter = spec.hidden_size, spec.moe_intermediate_size
-        routed = max(h + MLP_TEMPORARIES * inter, ROUTED_COPIES * h)
+        copies = ROUTED_COPIES + 2 * (spec.architecture in FP32_ROUTERS)
+        routed = max(h + (MLP_TEMPORARIES + 1) * inter, copies * h)
         mlp = max(mlp, max(spec.num_experts_per_tok, 1) * routed)
     per_token = HIDDEN_TEMPORARIES * spec.hidden_size + max(qkv, mlp) // tp
     return tokens * per_token * dtype_size
