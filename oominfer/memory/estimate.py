@@ -56,7 +56,7 @@ from oominfer.memory.profile import (
     startup_free_bytes,
     vllm_defaults,
 )
-from oominfer.memory.transformers import transformers_breakdown
+from oominfer.memory.transformers import transformers_breakdown, unquantized_expert_bytes
 from oominfer.memory.weights import (
     marlin_fp8_scale_bytes,
     mxfp4_expert_ratio,
@@ -154,7 +154,8 @@ def estimate(
             dtype=dtype,
             budget=budget,
             total=gpu.cuda_total_bytes,
-            weights=max(0, sum(stages) // tp - offload),
+            weights=max(0, sum(stages) // tp - offload)
+            + unquantized_expert_bytes(spec, dtype=dtype, quantization=s.quantization) // tp,
             per_token=per_layer * spec.attention_layers,
             state_per_seq=state_layer * spec.state_layers,
             seqs=seqs,

@@ -6,7 +6,9 @@ from typing import Final
 
 from oominfer.base.units import MiB
 from oominfer.memory.breakdown import MemoryBreakdown
+from oominfer.memory.dtypes import dtype_bytes
 from oominfer.memory.profile import HIDDEN_TEMPORARIES, MLP_TEMPORARIES
+from oominfer.memory.weights import stage_expert_bytes, weight_format
 from oominfer.model.spec import ModelSpec
 
 TRANSFORMERS_OVERHEAD_BYTES: Final = 695 * MiB
@@ -36,6 +38,22 @@ FP32_ROUTERS: Final = frozenset(
 )
 """Routers that weigh the experts in float32: the weighted copy and its reordering are
 float32, two more hidden-size rows per routed token (6 in all)."""
+
+
+def unquantized_expert_bytes(spec: ModelSpec, *, dtype: str, quantization: str | None) -> int:
+    """What a MoE model's routed experts weigh beyond their quantized count under
+    bitsandbytes on the transformers engine.
+
+    transformers 5 keeps each layer's experts as fused 3-D parameters (``gate_up_proj``,
+    ``down_proj``), and bitsandbytes quantizes by replacing ``nn.Linear`` modules: the
+    experts stay in the model's 16-bit dtype, int8 and nf4 alike (seen loading a Qwen3-MoE
+    with ``load_in_4bit`` and ``load_in_8bit``). vLLM's bitsandbytes does quantize them.
+    """
+    fmt = weight_format(spec, quantization)
+    if not spec.is_moe or fmt is None or fmt.method not in ("int8", "bitsandbytes"):
+        return 0
+    quantized = sum(stage_expert_bytes(spec, dtype=dtype, quantization=quantization, pp=1))
+    return int(quantized * (dtype_bytes(dtype) / fmt.bytes_per_param - 1))
 
 
 def transformers_forward_bytes(spec: ModelSpec, *, tokens: int, dtype_size: int, tp: int) -> int:

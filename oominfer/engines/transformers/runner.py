@@ -31,6 +31,42 @@ def resolve_device(requested: str) -> str:
     return "cpu"
 
 
+def model_kwargs(config: ServerConfig) -> tuple[str, dict[str, Any]]:
+    """The device and ``from_pretrained`` keyword arguments the settings ask for: dtype,
+    bitsandbytes int8/nf4 (placed on the device as loaded), sdpa attention."""
+    import transformers
+
+    bnb_config: Any = transformers.BitsAndBytesConfig
+    s = config.settings
+    device = resolve_device(config.device)
+    kwargs: dict[str, Any] = {"attn_implementation": "sdpa"}
+    if s.dtype != "auto":
+        dtype: Any = torch_dtype(s.dtype)
+    elif s.quantization == "int8":
+        # LLM.int8 multiplies in float16: other dtypes are cast on every forward.
+        dtype = torch.float16
+    else:
+        dtype = "auto"
+    kwargs["dtype"] = dtype
+    if s.quantization == "int8":
+        kwargs["quantization_config"] = bnb_config(load_in_8bit=True)
+    elif s.quantization == "bitsandbytes":
+        compute = dtype if isinstance(dtype, torch.dtype) else torch.bfloat16
+        kwargs["quantization_config"] = bnb_config(
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=compute
+        )
+    elif s.quantization is not None:
+        log.warning(
+            "--quantization %s: the checkpoint's own quantization config is used as is.",
+            s.quantization,
+        )
+    if "quantization_config" in kwargs:
+        kwargs["device_map"] = {"": device}
+        # Each LLM.int8 matmul logs a cast warning otherwise.
+        logging.getLogger("bitsandbytes.autograd._functions").setLevel(logging.ERROR)
+    return device, kwargs
+
+
 class ModelRunner:
     """A causal LM and its tokenizer; every forward pass runs under ``inference_mode``."""
 
@@ -67,35 +103,7 @@ class ModelRunner:
         # transformers' own annotations are partial: keep its objects as Any at this edge.
         auto_model: Any = transformers.AutoModelForCausalLM
         auto_tokenizer: Any = transformers.AutoTokenizer
-        bnb_config: Any = transformers.BitsAndBytesConfig
-
-        s = config.settings
-        device = resolve_device(config.device)
-        kwargs: dict[str, Any] = {"attn_implementation": "sdpa"}
-        if s.dtype != "auto":
-            dtype: Any = torch_dtype(s.dtype)
-        elif s.quantization == "int8":
-            # LLM.int8 multiplies in float16: other dtypes are cast on every forward.
-            dtype = torch.float16
-        else:
-            dtype = "auto"
-        kwargs["dtype"] = dtype
-        if s.quantization == "int8":
-            kwargs["quantization_config"] = bnb_config(load_in_8bit=True)
-        elif s.quantization == "bitsandbytes":
-            compute = dtype if isinstance(dtype, torch.dtype) else torch.bfloat16
-            kwargs["quantization_config"] = bnb_config(
-                load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=compute
-            )
-        elif s.quantization is not None:
-            log.warning(
-                "--quantization %s: the checkpoint's own quantization config is used as is.",
-                s.quantization,
-            )
-        if "quantization_config" in kwargs:
-            kwargs["device_map"] = {"": device}
-            # Each LLM.int8 matmul logs a cast warning otherwise.
-            logging.getLogger("bitsandbytes.autograd._functions").setLevel(logging.ERROR)
+        device, kwargs = model_kwargs(config)
         try:
             tokenizer = auto_tokenizer.from_pretrained(config.model, revision=config.revision)
             model = auto_model.from_pretrained(config.model, revision=config.revision, **kwargs)
