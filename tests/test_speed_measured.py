@@ -154,3 +154,27 @@ def test_verification_keeps_the_measured_kv_cache_and_the_next_estimate_starts_f
         [] if s.enforce_eager else ["--enforce-eager"]
     )
     assert json.loads(CliRunner().invoke(main, other).stdout)["memory_calibrated_from"] is None
+
+
+def test_a_transformers_measurement_calibrates_transformers_estimates_only() -> None:
+    """The transformers engine's speed is the host's (speed/transformers.py): a verification
+    on this machine corrects the next transformers estimate, kept under the installed
+    transformers release, and never a vLLM estimate of the same model and GPU."""
+    from oominfer.rules.installed import engine_version
+
+    installed = engine_version("transformers")
+    assert installed.startswith("transformers ")  # the hf extra is installed for the tests
+    base = ["estimate", LLAMA, "--gpu", "H100", "--max-model-len", "8192", "--json"]
+    tf_args = [*base, "--engine", "transformers"]
+    before = json.loads(CliRunner().invoke(main, tf_args).stdout)["performance"]
+    vllm_before = json.loads(CliRunner().invoke(main, base).stdout)["performance"]
+    m = Measured(output_tokens_per_s=50.0, predicted_output_tokens_per_s=100.0,
+                 concurrency=16, input_len=16, output_len=8, engine_version=installed)  # fmt: skip
+    remember(LLAMA, "H100-SXM-80GB", m)
+    release = installed.split()[-1].rsplit(".", 1)[0]
+    assert recall(LLAMA, "H100-SXM-80GB", release) is None  # not a vLLM release
+    after = json.loads(CliRunner().invoke(main, tf_args).stdout)["performance"]
+    assert after["calibrated_from"]["output_tokens_per_s"] == 50.0
+    assert after["output_tokens_per_s"] == pytest.approx(before["output_tokens_per_s"] / 2, 0.01)
+    vllm_after = json.loads(CliRunner().invoke(main, base).stdout)["performance"]
+    assert vllm_after == vllm_before and vllm_after["calibrated_from"] is None

@@ -75,6 +75,7 @@ def estimate(model: str, revision: str | None, as_json: bool, **opts: Any) -> No
     from oominfer.report.shapes import breakdown_json, error_json_of
     from oominfer.report.speed import performance_json, speed_lines
     from oominfer.report.ways_out import ways_out
+    from oominfer.rules.installed import engine_version
     from oominfer.speed import calibrated
     from oominfer.speed import predict as predict_speed
     from oominfer.speed.performance import predict_run
@@ -122,7 +123,9 @@ def estimate(model: str, revision: str | None, as_json: bool, **opts: Any) -> No
         perf = predict_speed(
             spec, gpu=hardware.gpu, settings=settings, breakdown=b, workload=workload
         )
-    measured = recall(spec.model_id, hardware.gpu.name, release) if perf else None
+    # The transformers engine's measurements are kept under its own version (verify/jsonl.py).
+    measured_as = engine_version("transformers") if opts["engine"] == "transformers" else release
+    measured = recall(spec.model_id, hardware.gpu.name, measured_as) if perf else None
     if perf is not None and measured is not None and measured.ratio is not None:
         perf = calibrated(perf, measured.ratio)
     else:

@@ -14,10 +14,14 @@ T = TypeVar("T")
 
 
 def store_key(model_id: str, gpu: str, engine_version: str) -> tuple[str, str, str]:
-    """(model, GPU, release): ``0.32`` for any vLLM 0.32.x; an engine whose version names no
-    release (``not installed``, a stand-in) keeps its own text."""
+    """(model, GPU, release): ``0.32`` for any vLLM 0.32.x, ``transformers 5.19`` for the
+    transformers engine on transformers 5.19.x (its measurements never stand for vLLM's); an
+    engine whose version names no release (``not installed``, a stand-in) keeps its text."""
     release = release_of(engine_version)
-    return model_id, gpu, f"{release[0]}.{release[1]}" if release else engine_version
+    if release is None:
+        return model_id, gpu, engine_version
+    engine = "transformers " if engine_version.startswith("transformers") else ""
+    return model_id, gpu, f"{engine}{release[0]}.{release[1]}"
 
 
 def read_lines(path: Path) -> list[dict[str, Any]]:
