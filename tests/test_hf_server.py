@@ -736,12 +736,26 @@ def test_bitsandbytes_loads_generate(tiny_llama: Path, tmp_path: Path, quantizat
         assert 0 < weights < 1_706_624  # smaller than the float32 footprint (1.63 MiB)
 
 
+TINY_QWEN3 = {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"],
+              "num_hidden_layers": 4, "hidden_size": 256, "intermediate_size": 1024,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+              "vocab_size": 1024, "max_position_embeddings": 512, "torch_dtype": "bfloat16",
+              "tie_word_embeddings": False}  # fmt: skip
+TINY_QWEN3_MOE = {**TINY_QWEN3, "model_type": "qwen3_moe",
+                  "architectures": ["Qwen3MoeForCausalLM"], "num_hidden_layers": 2,
+                  "intermediate_size": 512, "moe_intermediate_size": 256, "num_experts": 32,
+                  "num_experts_per_tok": 2}  # fmt: skip
+
+
 @pytest.mark.parametrize("quantization", ["int8", "bitsandbytes"])
-def test_bitsandbytes_leaves_fused_experts_in_16_bits(tmp_path: Path, quantization: str) -> None:
-    """A tiny Qwen3-MoE (32 experts of 256 x 256, most of its weights) loaded by the engine
-    with bitsandbytes: transformers quantizes the ``nn.Linear`` modules only, the fused 3-D
-    experts stay bf16, and the estimate of its weights says so (within 5%; counting the
-    experts quantized, as vLLM's bitsandbytes does, would be 2-3x light)."""
+@pytest.mark.parametrize("raw", [TINY_QWEN3, TINY_QWEN3_MOE], ids=["dense", "moe"])
+def test_bitsandbytes_weights_match_the_estimate(
+    tmp_path: Path, quantization: str, raw: dict[str, Any]
+) -> None:
+    """Tiny Qwen3 models loaded with the engine's own bitsandbytes settings, their footprint
+    against the estimate (within 5%): transformers quantizes the ``nn.Linear`` modules only,
+    so a MoE's fused 3-D experts (32 of 256 x 256 here, most of its weights) stay bf16;
+    counting them quantized, as vLLM's bitsandbytes does, was 2-3x light."""
     import torch
     import transformers
 
@@ -753,17 +767,11 @@ def test_bitsandbytes_leaves_fused_experts_in_16_bits(tmp_path: Path, quantizati
     from oominfer.rules.versions import CURRENT_VLLM
     from oominfer.settings import EngineSettings
 
-    raw = {"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"],
-           "num_hidden_layers": 2, "hidden_size": 256, "intermediate_size": 512,
-           "moe_intermediate_size": 256, "num_experts": 32, "num_experts_per_tok": 2,
-           "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
-           "vocab_size": 1024, "max_position_embeddings": 512, "torch_dtype": "bfloat16",
-           "tie_word_embeddings": False}  # fmt: skip
     config = transformers.AutoConfig.for_model(**raw)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-    folder = tmp_path / "tiny-moe"
+    folder = tmp_path / "tiny"
     model.save_pretrained(folder)
-    spec = spec_from_config(raw, model_id="tiny-moe")
+    spec = spec_from_config(raw, model_id="tiny")
     predicted = estimate(
         spec,
         hardware=Hardware.from_gpu("L4"),
@@ -776,7 +784,7 @@ def test_bitsandbytes_leaves_fused_experts_in_16_bits(tmp_path: Path, quantizati
 
     _, kwargs = model_kwargs(server)  # the engine's own load, without a tokenizer
     loaded = transformers.AutoModelForCausalLM.from_pretrained(folder, **kwargs)
-    experts = loaded.model.layers[0].mlp.experts
-    assert experts.gate_up_proj.dtype == torch.bfloat16
+    if "num_experts" in raw:
+        assert loaded.model.layers[0].mlp.experts.gate_up_proj.dtype == torch.bfloat16
     measured = loaded.get_memory_footprint()
     assert abs(predicted / measured - 1) <= 0.05, (predicted, measured)
