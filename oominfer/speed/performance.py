@@ -208,10 +208,7 @@ def predict(
     if running < w.concurrency:
         limited = "max_num_seqs" if room >= breakdown.max_num_seqs else "kv_cache"
     if breakdown.engine == "transformers":
-        t = transformers_closed_loop(
-            spec, gpu=gpu, settings=settings, breakdown=breakdown, stage=s, chip=c,
-            workload=w, running=running,
-        )  # fmt: skip
+        t = transformers_closed_loop(spec, gpu=gpu, stage=s, chip=c, workload=w, running=running)
         wait = 0.0
         if w.concurrency > running:  # the others wait for a slot: Little's law
             wait = (w.concurrency - running) / t.requests_per_s
@@ -382,10 +379,7 @@ def predict_run(
         # All sent at once: stepped as the scheduler admits them. A run that queues is taken
         # at its closed loop's steady pace (its ramp and drain are not stepped through).
         if cap < prompts:
-            t = transformers_closed_loop(
-                spec, gpu=gpu, settings=settings, breakdown=breakdown, stage=s, chip=c,
-                workload=w, running=cap,
-            )  # fmt: skip
+            t = transformers_closed_loop(spec, gpu=gpu, stage=s, chip=c, workload=w, running=cap)
         else:
             t = transformers_burst(
                 spec, gpu=gpu, stage=s, chip=c, requests=prompts, input_len=w.input_len,

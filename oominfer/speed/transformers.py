@@ -18,9 +18,7 @@ import dataclasses
 from typing import Final
 
 from oominfer.hardware.gpu import GpuSpec
-from oominfer.memory.breakdown import MemoryBreakdown
 from oominfer.model.spec import ModelSpec
-from oominfer.settings import EngineSettings
 from oominfer.speed.roofline import Bound, Chip, Stage, compute_efficiency, step_time
 from oominfer.speed.workload import Workload
 
@@ -41,7 +39,6 @@ step for the same model (12 bursts on the H100)."""
 PREFILL_COMPUTE_EFFICIENCY: Final = 0.55
 """Share of the dense 16-bit peak a long prompt's prefill reaches (32,768-token prompts:
 0.50-0.61 on 10 architectures, H100 and H200)."""
-
 
 MOE_HOST_FACTOR: Final = 1.5
 """A mixture-of-experts layer costs the host more than a dense one (routing, sorting and
@@ -94,8 +91,6 @@ def closed_loop(
     spec: ModelSpec,
     *,
     gpu: GpuSpec,
-    settings: EngineSettings,
-    breakdown: MemoryBreakdown,
     stage: Stage,
     chip: Chip,
     workload: Workload,
@@ -105,7 +100,6 @@ def closed_loop(
     the whole batch for it), then it decodes one token per step beside the others. Over a
     request's ``output_len`` steps the other ``running - 1`` requests are each replaced once,
     so its TPOT carries their prefills."""
-    del settings, breakdown  # the plan's memory caps ``running``; the speed needs no more
     c = transformers_chip(chip, gpu)
     context = workload.input_len + workload.output_len / 2
     step = decode_seconds(spec, stage, c, running=running, context=context) + SCHEDULER_STEP_S
