@@ -337,3 +337,12 @@ def test_warning_texts_match_the_installed_vllm() -> None:
     found = logged_texts(root)
     assert version in WARNINGS, f"add a '## vllm {version}' section (tests/vllm_warnings.py)"
     assert set(found) <= set(WARNINGS[version]), sorted(set(found) - set(WARNINGS[version]))
+
+
+def test_the_transformers_servers_weights_are_read() -> None:
+    """oominfer's transformers server says what its weights took on its "Serving" line; a
+    verification records it beside the plan's prediction, as vLLM's "Model loading took"."""
+    line = ("INFO oominfer.transformers: Serving /m as 'tiny' on http://127.0.0.1:8000 with "
+            "transformers on cuda: dtype=bfloat16 quantization=none max_model_len=4096 "
+            "max_num_seqs=8 max_queue=64 weights=15316.0 MiB")  # fmt: skip
+    assert read_log(line).weights_bytes == 15316 * 2**20

@@ -282,3 +282,7 @@ def test_transformers_verifies_quantized_loads(
     assert f"--quantization {quantization}" in text.splitlines()[0]
     assert f"quantization={quantization}" in text  # the server says what it loaded
     assert any(lever.name == "quantization" for lever in plan_.levers)
+    # and what its weights took, which the plan keeps beside its own estimate
+    weights = plan_.verification.weights_bytes
+    assert plan_.predicted is not None and weights is not None
+    assert 0 < weights < plan_.predicted.weights_bytes * 2

@@ -6,7 +6,7 @@ import re
 from dataclasses import replace
 from typing import Final
 
-from oominfer.base.units import GiB
+from oominfer.base.units import GiB, MiB
 from oominfer.runtime.phases import phase_of
 from oominfer.runtime.status import LogFacts, ProbeStatus
 
@@ -64,6 +64,10 @@ def _gib(match: re.Match[str] | None) -> int | None:
     return int(float(match.group(1)) * GiB) if match else None
 
 
+def _mib(match: re.Match[str] | None) -> int | None:
+    return int(float(match.group(1)) * MiB) if match else None
+
+
 def _failure_lines(text: str) -> tuple[str, str]:
     """The lines that can report a failure, and the error lines proper among them.
 
@@ -92,8 +96,11 @@ def read_log(text: str) -> LogFacts:
     records never fail an engine, whatever they say.
     """
     phase = phase_of(text)
-    weights = _gib(re.search(r"Model loading took " + _GIB, text)) or _gib(
-        re.search(r"Loading (?:model )?weights took " + r"([\d.]+)\s*GB", text)
+    weights = (
+        _gib(re.search(r"Model loading took " + _GIB, text))
+        or _gib(re.search(r"Loading (?:model )?weights took " + r"([\d.]+)\s*GB", text))
+        # oominfer's transformers server: its "Serving ..." line (engines/transformers/cli.py)
+        or _mib(re.search(r"with transformers on \S+: .*? weights=([\d.]+) MiB", text))
     )
     kv_bytes = _gib(re.search(r"Available KV cache memory: " + _GIB, text)) or _gib(
         re.search(r"Explicitly set \(([\d.]+)/[\d.]+\) GiB for KV cache", text)
