@@ -20,7 +20,17 @@ The first line is what ``oominfer.hardware.nvml.detect_gpus`` found next to what
 Usage (on the GPU machine, from the repository root)::
 
     PYTHONPATH=. python3 bench/device_transformers.py --out results.jsonl [MODEL ...]
+    PYTHONPATH=. python3 bench/device_transformers.py --engine --out r.jsonl MODEL  # + bursts
     PYTHONPATH=. python3 bench/device_transformers.py --tiny --device cpu   # a smoke run
+
+The lent machines have torch, transformers, click and nvidia-ml-py but not the engine's HTTP
+front (fastapi, pydantic, starlette, uvicorn), which importing the engine's package needs:
+carry their wheels (``pip download --no-deps --only-binary=:all: --python-version 3.12
+--platform manylinux_2_17_x86_64 -d .whl fastapi starlette pydantic pydantic_core
+typing-inspection annotated-types uvicorn typing_extensions``) and install them with
+``--target``. Runs of 2026-11-27: 1 (H200, 10 models, one process, ~140 s), 2 (H100, 4 models,
+a process each, with ``--engine``, ~310 s), 3 (H200, held out, ~190 s). Append new runs to
+tests/data/calibration/device_transformers.jsonl with their ``run`` and ``gpu``.
 """
 
 from __future__ import annotations
