@@ -87,7 +87,8 @@ def ratios(rows: list[dict[str, Any]]) -> list[Ratio]:
             predicted = tf.prefill_seconds(spec, s, tc, tokens=n)
             out.append(Ratio(f"{name}-{n}", "prefill_s", predicted, p["seconds"]))
         for d in row["decode"]:
-            predicted = tf.decode_seconds(spec, s, tc, running=d["batch"], context=d["context"])
+            step = tf.decode_step(spec, s, tc, running=d["batch"], context=d["context"])
+            predicted = step.seconds
             out.append(
                 Ratio(f"{name}-{d['batch']}x{d['context']}", "step_s", predicted, d["step_s"])
             )

@@ -43,6 +43,9 @@ def _id(row: dict[str, Any]) -> str:
     return f"run{row['run']}-{row['gpu']}-{row['model'].split('/')[-1]}"
 
 
+PREFILL_IDS = [f"{_id(m)}-{p['tokens']}" for m, p in PREFILLS]
+
+
 def _breakdown(row: dict[str, Any], tokens: int) -> Any:
     spec = load_spec(row["model"])
     settings = EngineSettings(dtype="bfloat16", max_model_len=tokens, max_num_seqs=1)
@@ -60,17 +63,13 @@ def test_weights_match_what_torch_allocated(row: dict[str, Any]) -> None:
     assert abs(predicted / row["weights_bytes"] - 1) <= 0.01
 
 
-@pytest.mark.parametrize(
-    ("row", "point"), PREFILLS, ids=[f"{_id(m)}-{p['tokens']}" for m, p in PREFILLS]
-)
+@pytest.mark.parametrize(("row", "point"), PREFILLS, ids=PREFILL_IDS)
 def test_kv_bytes_per_token_are_exact(row: dict[str, Any], point: dict[str, Any]) -> None:
     """The ``DynamicCache`` after one prompt holds exactly the predicted bytes per token."""
     assert point["kv_bytes"] == point["tokens"] * _breakdown(row, 4096).kv_bytes_per_token
 
 
-@pytest.mark.parametrize(
-    ("row", "point"), PREFILLS, ids=[f"{_id(m)}-{p['tokens']}" for m, p in PREFILLS]
-)
+@pytest.mark.parametrize(("row", "point"), PREFILLS, ids=PREFILL_IDS)
 def test_prefill_peak_matches_the_forward_model(row: dict[str, Any], point: dict[str, Any]) -> None:
     """The peak above the weights and the cache during one prompt's prefill: within 5%
     (2,048 tokens and more: 3%; a 512-token pass is near the allocator's granularity).

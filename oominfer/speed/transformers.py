@@ -19,7 +19,7 @@ from typing import Final
 
 from oominfer.hardware.gpu import GpuSpec
 from oominfer.model.spec import ModelSpec
-from oominfer.speed.roofline import Bound, Chip, Stage, compute_efficiency, step_time
+from oominfer.speed.roofline import Bound, Chip, Stage, StepTime, compute_efficiency, step_time
 from oominfer.speed.workload import Workload
 
 HOST_SECONDS_PER_LAYER: Final = 2.1e-3
@@ -59,13 +59,14 @@ def transformers_chip(chip: Chip, gpu: GpuSpec) -> Chip:
     )
 
 
-def decode_seconds(
+def decode_step(
     spec: ModelSpec, stage: Stage, chip: Chip, *, running: int, context: float
-) -> float:
-    """One decode step for ``running`` sequences: the host's floor, or the GPU's roofline
-    where that is slower."""
-    gpu = step_time(stage, chip, decodes=running, context=context).seconds
-    return max(host_seconds(spec), gpu)
+) -> StepTime:
+    """One decode step for ``running`` sequences: the host's floor ("host"-bound), or the
+    GPU's roofline where that is slower."""
+    gpu = step_time(stage, chip, decodes=running, context=context)
+    host = host_seconds(spec)
+    return StepTime(seconds=host, bound="host") if host >= gpu.seconds else gpu
 
 
 def prefill_seconds(spec: ModelSpec, stage: Stage, chip: Chip, *, tokens: int) -> float:
@@ -102,17 +103,14 @@ def closed_loop(
     so its TPOT carries their prefills."""
     c = transformers_chip(chip, gpu)
     context = workload.input_len + workload.output_len / 2
-    step = decode_seconds(spec, stage, c, running=running, context=context) + SCHEDULER_STEP_S
+    decode = decode_step(spec, stage, c, running=running, context=context)
+    step = decode.seconds + SCHEDULER_STEP_S
     prefill = prefill_seconds(spec, stage, c, tokens=workload.input_len) + SCHEDULER_STEP_S
     tpot = step + (running - 1) * prefill / max(workload.output_len, 1)
     ttft = prefill + (step / 2 if running > 1 else 0.0)
     cycle = ttft + (workload.output_len - 1) * tpot
-    gpu_step = step_time(stage, c, decodes=running, context=context)
     return TransformersSpeed(
-        ttft_s=ttft,
-        tpot_s=tpot,
-        requests_per_s=running / cycle,
-        bound="host" if host_seconds(spec) >= gpu_step.seconds else gpu_step.bound,
+        ttft_s=ttft, tpot_s=tpot, requests_per_s=running / cycle, bound=decode.bound
     )
 
 
@@ -138,17 +136,17 @@ def burst(
     while admitted < requests:
         group = min(per_group, requests - admitted)
         if admitted:  # the running batch takes a step before the next group is admitted
-            clock += decode_seconds(spec, stage, c, running=admitted, context=input_len)
+            clock += decode_step(spec, stage, c, running=admitted, context=input_len).seconds
             clock += SCHEDULER_STEP_S
         clock += prefill_seconds(spec, stage, c, tokens=group * input_len) + SCHEDULER_STEP_S
         ttft_sum += group * clock
         admitted += group
-    step = step_time(stage, c, decodes=requests, context=context)
-    tpot = max(host_seconds(spec), step.seconds) + SCHEDULER_STEP_S
+    decode = decode_step(spec, stage, c, running=requests, context=context)
+    tpot = decode.seconds + SCHEDULER_STEP_S
     total = clock + (output_len - 1) * tpot
     return TransformersSpeed(
         ttft_s=ttft_sum / requests,
         tpot_s=tpot,
         requests_per_s=requests / total,
-        bound="host" if host_seconds(spec) >= step.seconds else step.bound,
+        bound=decode.bound,
     )
