@@ -159,6 +159,15 @@ def refusal_and_hint(
         engine == "vllm" and rule.vllm_until is not None and release < rule.vllm_until
     )
     if not loads_it:
+        if rule.vllm_until is not None:  # a method vLLM dropped: an older release loads it
+            last = f"{rule.vllm_until[0]}.{rule.vllm_until[1] - 1}"
+            return (
+                f"vLLM {release[0]}.{release[1]} has no {method} quantization method (Unknown "
+                f"quantization method; {last} was the last release with it); the "
+                "transformers engine loads it",
+                f"Pass --engine transformers, or --engine-version {last} to plan for a vLLM "
+                "that has it.",
+            )
         return (
             f"vLLM has no {method} quantization method (Unknown quantization method); "
             "the transformers engine loads it",
