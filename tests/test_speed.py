@@ -342,6 +342,39 @@ def test_touched_experts() -> None:
     assert touched_expert_share(0.0, 64) == 0.0
 
 
+def test_a_prompt_pays_the_lm_head_at_its_last_token_only() -> None:
+    """vLLM computes logits at each scheduled request's last token: a compute-bound prompt
+    chunk of 8,192 tokens pays the LM head once, not 8,192 times; a batch of decodes pays it
+    for every request."""
+    import dataclasses
+
+    from oominfer.speed.performance import chip, stage
+    from oominfer.speed.roofline import GEMM_HALF_TOKENS, step_time
+
+    spec = load_spec("meta-llama/Llama-3.1-8B-Instruct")
+    hw = Hardware.from_gpu("H100")
+    s = EngineSettings(max_model_len=8192)
+    b = estimate(spec, hardware=hw, settings=s, version=CURRENT_VLLM)
+    st, c = stage(spec, s, b), chip(hw.gpu, s, spec)
+    assert c is not None
+    # Llama-3.1-8B: 128,256 x 4,096 head parameters, 1.05 GFLOP a token.
+    assert st.head_flops_per_token == 2 * 128_256 * 4096
+    # The head counted as any other weight: at every token of the chunk.
+    everywhere = dataclasses.replace(st, head_flops_per_token=0.0)
+
+    def prompt(stage_: Any, sequences: int) -> float:
+        return step_time(stage_, c, decodes=0, context=0, prefill_tokens=8192,
+                         prefill_context=4096, prefill_sequences=sequences).seconds  # fmt: skip
+
+    # Charging the head at every prompt token costs 8,191 heads' FLOPs more (~22 ms), at
+    # the tensor-core fill of an 8,192-row GEMM.
+    fill = 8192 / (8192 + GEMM_HALF_TOKENS)
+    head = st.head_flops_per_token / (c.flops * fill)
+    assert prompt(everywhere, 1) - prompt(st, 1) == pytest.approx(8191 * head, rel=1e-6)
+    # 64 prompts in the chunk: 63 heads more than one.
+    assert prompt(st, 64) - prompt(st, 1) == pytest.approx(63 * head, rel=1e-6)
+
+
 def _predict(settings: EngineSettings, workload: Workload, gpu: str = "H100") -> Any:
     spec = load_spec("meta-llama/Llama-3.1-8B-Instruct")
     hw = Hardware.from_gpu(gpu)

@@ -139,6 +139,7 @@ def stage(spec: ModelSpec, settings: EngineSettings, b: MemoryBreakdown) -> Stag
         expert_bytes=expert_bytes,
         experts_per_token_share=share,
         flops_per_token=2 * active / (tp * pp),
+        head_flops_per_token=2 * spec.vocab_size * spec.hidden_size / (tp * pp),
         expert_flops_per_token=2 * experts * share / (tp * pp),
         # Each GPU's slice of an expert's intermediate width: the whole of it with expert
         # parallelism (whole experts spread over the GPUs), else 1/tp of it.
@@ -224,6 +225,7 @@ def predict(
         context=context,
         prefill_tokens=(running - 1) * w.input_len / w.output_len,
         prefill_context=w.input_len / 2,
+        prefill_sequences=(running - 1) / w.output_len,
     )
     tpot = decode.seconds * pp
     ttft = (
@@ -466,6 +468,7 @@ def _run_burst(
         # Prompts in arrival order: the one begun, then new ones while the batch has room.
         prefill, context_sum, finished_prompts = 0, 0.0, []
         i, computed = prompting, done_prompt
+        sequences = 0
         while budget > 0 and i < requests:
             if i >= admitted:
                 if n_dec + (admitted - prompting) >= cap:
@@ -473,6 +476,7 @@ def _run_burst(
                 admitted += 1
             n = min(budget, w.input_len - computed)
             prefill += n
+            sequences += 1
             context_sum += n * (computed + n / 2)
             budget -= n
             computed += n
@@ -490,6 +494,7 @@ def _run_burst(
             context=context,
             prefill_tokens=prefill,
             prefill_context=context_sum / prefill if prefill else 0.0,
+            prefill_sequences=sequences,
         )
         if bound_at_full is None and n_dec >= cap:
             bound_at_full = t.bound

@@ -4,7 +4,8 @@ tensor-parallel all-reduces over the interconnect, and a per-step floor. Times i
 vLLM runs every running request's next token, and any prompt chunk scheduled beside them, in
 one forward pass (a "step"). A step reads each weight once (for MoE, the experts its tokens
 were routed to) and every running request's KV cache, and computes 2 FLOPs per active
-parameter per token. Whichever of memory and compute takes longer bounds the step; the
+parameter per token (the LM head's only at each request's last token, where vLLM samples).
+Whichever of memory and compute takes longer bounds the step; the
 all-reduces and the launch floor add to it.
 
 The efficiency constants are fitted on shared/calibration/throughput_points.jsonl
@@ -142,6 +143,9 @@ class Stage:
     """k/E: the share of a layer's experts one token is routed to (0: dense)."""
     flops_per_token: float
     """2 x active parameters on this GPU."""
+    head_flops_per_token: float = 0.0
+    """The LM head's part of ``flops_per_token``: vLLM computes logits only at each scheduled
+    request's last token, not at every prompt token."""
     expert_flops_per_token: float = 0.0
     """The routed experts' part of ``flops_per_token`` (run at moe_compute_share)."""
     expert_width: int = 0
@@ -205,6 +209,7 @@ def step_time(
     context: float,
     prefill_tokens: float = 0.0,
     prefill_context: float = 0.0,
+    prefill_sequences: float = 1.0,
 ) -> StepTime:
     """Time of one step on one GPU.
 
@@ -215,6 +220,7 @@ def step_time(
         context: mean tokens of context of those requests (their KV cache read).
         prefill_tokens: prompt tokens computed in the same step (chunked prefill).
         prefill_context: mean context those prompt tokens attend to.
+        prefill_sequences: prompts with a chunk in the step (each has logits computed).
     """
     tokens = decodes + prefill_tokens
     touched = touched_expert_share(stage.experts_per_token_share, tokens)
@@ -231,7 +237,10 @@ def step_time(
     # step is as fast as its weight reads allow, 4-bit formats included.
     rows = max(tokens, GEMM_MIN_TOKENS)
     fill = rows / (rows + GEMM_HALF_TOKENS) if tokens > 0 else 1.0
-    compute = (tokens * stage.flops_per_token + attention) / (chip.flops * fill)
+    logits = decodes + (min(prefill_sequences, prefill_tokens) if prefill_tokens else 0.0)
+    flops = tokens * (stage.flops_per_token - stage.head_flops_per_token)
+    flops += logits * stage.head_flops_per_token
+    compute = (flops + attention) / (chip.flops * fill)
     # The fused-MoE kernels' shortfall on the experts' FLOPs, at full tensor-core fill (it
     # tells over large prompt chunks, not in small decode steps).
     share = moe_compute_share(stage.expert_width)

@@ -36,9 +36,11 @@ SCHEDULER_STEP_S: Final = 0.010
 text and stop checks): the median gap between the scheduler's TPOT and the runner's bare
 step for the same model (12 bursts on the H100)."""
 
-PREFILL_COMPUTE_EFFICIENCY: Final = 0.55
-"""Share of the dense 16-bit peak a long prompt's prefill reaches (32,768-token prompts:
-0.50-0.61 on 10 architectures, H100 and H200)."""
+PREFILL_COMPUTE_EFFICIENCY: Final = 0.50
+"""Share of the dense 16-bit peak a long prompt's prefill reaches, its LM head computed at
+the last token only (the runner's ``logits_to_keep=1``): the least median error over the 65
+measured prefills of 10 architectures on the H100 and H200 (13.9%; 0.55 had been fitted
+while the head was counted at every prompt token, 15.8%)."""
 
 MOE_HOST_FACTOR: Final = 1.5
 """A mixture-of-experts layer costs the host more than a dense one (routing, sorting and
