@@ -481,6 +481,28 @@ def test_a_burst_request_decoding_beside_prompts_sees_longer_steps() -> None:
     assert long.ttft_s > 10 * short.ttft_s
 
 
+def test_a_long_run_of_varied_lengths_is_extended_at_its_pace_per_token() -> None:
+    """A single stream of 100 prompts is stepped through 16 of them and extended at the pace
+    of their middle half: with varied output lengths that pace is per token, so the run's
+    tokens/s is the fixed-length run's (it was 1.26x that when the middle half's requests,
+    shorter than the mean, set a per-request pace)."""
+    from oominfer.speed.performance import predict_run
+
+    spec = load_spec("meta-llama/Llama-3.1-8B-Instruct")
+    hw = Hardware.from_gpu("H100")
+    s = EngineSettings(max_model_len=4096)
+    b = estimate(spec, hardware=hw, settings=s, version=CURRENT_VLLM)
+    w = Workload(input_len=100, output_len=256, concurrency=1)
+    fixed, varied = (
+        predict_run(
+            spec, gpu=hw.gpu, settings=s, breakdown=b, workload=w, prompts=100, spread=spread
+        )
+        for spread in (False, True)
+    )
+    assert fixed is not None and varied is not None
+    assert varied.output_tokens_per_s == pytest.approx(fixed.output_tokens_per_s, rel=0.01)
+
+
 def test_an_open_loop_reports_its_arrivals_and_its_drain() -> None:
     """200 requests at 1 a second, on a plan whose closed loop serves c / 5 a second at c
     requests at once: the steady state is 5 at once; the run lasts the 199 s of arrivals and

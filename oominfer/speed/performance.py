@@ -409,11 +409,16 @@ def predict_run(
     }
     ttft_sum, tpot_sum, tpot_n = sum(ttfts), sum(tpots.values()), len(tpots)
     if simulated < prompts:
-        # The rest arrive as the middle half did: at its pace, with its TTFT and TPOT.
+        # The rest arrive as the middle half did: at its pace, with its TTFT and TPOT. The
+        # pace is taken per output token, so that requests of varied lengths (``spread``)
+        # finishing in the middle half weigh as much as they generate.
         quarter = simulated // 4
         middle = range(quarter, 3 * quarter)
         rest = prompts - simulated
-        clock += rest * (done[3 * quarter] - done[quarter]) / max(len(middle), 1)
+        order = sorted(range(simulated), key=finish.__getitem__)
+        paced = sum(outputs[j] for j in order[quarter + 1 : 3 * quarter + 1])
+        per_token = (done[3 * quarter] - done[quarter]) / max(paced, 1)
+        clock += rest * sum(outputs) / simulated * per_token
         ttft_sum += rest * sum(ttfts[j] for j in middle) / max(len(middle), 1)
         steady = [tpots[j] for j in middle if j in tpots]
         if steady:
