@@ -72,7 +72,17 @@ The two are solved on the prompt-bound bursts of gathered measurements
 (tests/data/calibration/extra_throughput_points.jsonl: gpt-oss-20b on one H100, 32.4k
 prompt tokens/s, predicted 1.37x that at the dense rate; DeepSeek-R1 at TP 8 on H200s,
 15.1k, predicted 1.78x), and leave Mixtral at TP 2 (7,168 columns a GPU, t17) where it was.
-Only the large prompt chunks feel it: the shortfall is added at full tensor-core fill."""
+Only the large prompt chunks feel it: the shortfall is added at full tensor-core fill. These
+are quantized experts (block FP8, MXFP4), whose kernels load scales per block beside the
+weights..."""
+MOE_HALF_WIDTH_16BIT: Final = 300
+"""... while 16-bit experts lose far less on a skinny slice. The one skinny 16-bit MoE
+measured, Qwen3-235B in bf16 at TP 8 (192 columns a GPU; gpustack's performance lab, A100s
+and H100s, vLLM 0.11), ran its 2k-32k-token prompts 1.4-1.7x (A100) and 1.9-2.0x (H100)
+faster than the quantized half-width predicted, where its FP8 checkpoint at TP 4 (384
+columns) sat within 18% of it. At 300 the A100 points come within 5% (H100 0.70-0.77x),
+Qwen3-30B-A3B's 2k prompt on an A100 moves from 2.1x to 1.7x its TTFT, Mixtral (TP 2) does not
+move, and the gathered set's TPOT points off by over 2x go from 10 to 5."""
 GEMM_HALF_TOKENS: Final = 64
 """Tokens in a step at which its GEMMs reach half of COMPUTE_EFFICIENCY x the peak."""
 GEMM_MIN_TOKENS: Final = 16
@@ -150,6 +160,9 @@ class Stage:
     """The routed experts' part of ``flops_per_token`` (run at moe_compute_share)."""
     expert_width: int = 0
     """Columns of one expert's intermediate layer on this GPU."""
+    quantized_experts: bool = False
+    """The experts' weights are quantized (FP8, MXFP4, int4): their fused-MoE kernels lose
+    more on skinny experts (``moe_compute_share``)."""
     attention_flops_per_context_token: float
     """Attention FLOPs per new token per token of context it attends to (QK^T and AV)."""
     kv_bytes_per_token: float
@@ -195,10 +208,14 @@ def moe_read_share(gpu: GpuSpec) -> float:
     return 1 / (1 + (gpu.memory_bandwidth_gbps or 0) / MOE_READ_HALF_BANDWIDTH_GBPS)
 
 
-def moe_compute_share(width: int) -> float:
+def moe_compute_share(width: int, *, quantized: bool = True) -> float:
     """The share of the dense GEMMs' FLOPs/s the fused-MoE kernels reach with experts
-    ``width`` columns wide on the GPU."""
-    return MOE_COMPUTE_SHARE * width / (width + MOE_HALF_WIDTH) if width else 1.0
+    ``width`` columns wide on the GPU, quantized (MOE_HALF_WIDTH) or 16-bit
+    (MOE_HALF_WIDTH_16BIT)."""
+    if not width:
+        return 1.0
+    half = MOE_HALF_WIDTH if quantized else MOE_HALF_WIDTH_16BIT
+    return MOE_COMPUTE_SHARE * width / (width + half)
 
 
 def step_time(
@@ -243,7 +260,7 @@ def step_time(
     compute = (flops + attention) / (chip.flops * fill)
     # The fused-MoE kernels' shortfall on the experts' FLOPs, at full tensor-core fill (it
     # tells over large prompt chunks, not in small decode steps).
-    share = moe_compute_share(stage.expert_width)
+    share = moe_compute_share(stage.expert_width, quantized=stage.quantized_experts)
     compute += tokens * stage.expert_flops_per_token * (1 / share - 1) / chip.flops
     floor = (
         STEP_FLOOR_S
