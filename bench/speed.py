@@ -268,6 +268,8 @@ def replay(point: dict[str, Any]) -> dict[str, Any]:
         spec = dataclasses.replace(spec, quantization=fmt, checkpoint=Checkpoint())
     count = point.get("num_gpus") or 1
     tp = point.get("tensor_parallel_size") or count
+    stated_pp = re.search(r"(?:-pp|--pipeline-parallel-size)[= ](\d+)", point.get("quote") or "")
+    pp = point.get("pipeline_parallel_size") or (int(stated_pp.group(1)) if stated_pp else 1)
     input_len, output_len, how = _lengths(point)
     quant = model[1] if model[1] not in ("awq", "gptq") else None
     if "--quantization awq" in (point.get("quantization") or ""):
@@ -275,6 +277,7 @@ def replay(point: dict[str, Any]) -> dict[str, Any]:
     stated_len = _int(_stated(point, "max-model-len"))
     settings = EngineSettings(
         tensor_parallel_size=tp,
+        pipeline_parallel_size=pp,
         quantization=quant,  # type: ignore[arg-type]
         kv_cache_dtype="fp8" if (point.get("kv_cache_dtype") or "").startswith("fp8") else "auto",
         max_model_len=point.get("max_model_len")
@@ -285,7 +288,10 @@ def replay(point: dict[str, Any]) -> dict[str, Any]:
     )
     try:
         b = estimate(
-            spec, hardware=Hardware(gpu=gpu, count=tp), settings=settings, version=CURRENT_VLLM
+            spec,
+            hardware=Hardware(gpu=gpu, count=tp * pp),
+            settings=settings,
+            version=CURRENT_VLLM,
         )
     except OominferError as err:
         return {**row, "skip": f"estimate refused: {err}"}
@@ -321,7 +327,7 @@ def replay(point: dict[str, Any]) -> dict[str, Any]:
     return {
         **row,
         "model": model[0] + (f" ({model[1]})" if model[1] else ""),
-        "gpu": f"{gpu.name} x{tp}",
+        "gpu": f"{gpu.name} x{tp * pp}" + (f" (PP {pp})" if pp > 1 else ""),
         "lengths": f"{input_len}/{output_len} ({how})",
         "concurrency": perf.concurrency,
         "bound": perf.bound,
