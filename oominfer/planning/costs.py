@@ -81,9 +81,8 @@ ORDER: Final[dict[Prefer, tuple[str, ...]]] = {
         "smaller_chunk", "gpus", "kv_quantization", "pipeline", "less_concurrency",
     ),
     "throughput": (
-        "cpu_offload", "below_floor", "idle_gpus", "less_throughput", "eager", "less_concurrency",
-        "fewer_seqs",
-        "weight_quantization", "smaller_chunk", "gpus", "kv_quantization", "pipeline",
+        "cpu_offload", "below_floor", "idle_gpus", "less_throughput", "eager", "pipeline", "gpus",
+        "less_concurrency", "fewer_seqs", "weight_quantization", "smaller_chunk", "kv_quantization",
         "shorter_context",
     ),
     "quality": (
@@ -135,8 +134,8 @@ class Costs:
     less_concurrency: int
     """Minus the concurrency of typical requests over all replicas, in steps of sqrt(2)."""
     less_throughput: int = 0
-    """Minus the predicted output tokens/s over all replicas, in steps of 10% (0 where the
-    objective does not ask for it)."""
+    """Steps of 10% the predicted output tokens/s over all replicas falls below the best
+    candidate's (``throughput_steps``; 0 where the objective does not ask for it)."""
 
     def key(self, prefer: Prefer) -> tuple[int, ...]:
         """The sort key of ``prefer`` (smaller is better)."""
@@ -158,10 +157,17 @@ def halvings(default: int, value: int) -> int:
     return max(0, math.ceil(math.log2(default / value))) if value < default else 0
 
 
-def throughput_steps(tokens_per_s: float) -> int:
-    """Output tokens/s in steps of 10%: closer predictions than that are a tie (the speed
-    model is good to ~25%), left to the next cost to break."""
-    return int(math.log(tokens_per_s) / math.log(1.1)) if tokens_per_s > 1 else 0
+def throughput_steps(tokens_per_s: float, best: float) -> int:
+    """Steps of 10% that output tokens/s falls below the ``best`` candidate's: within 10% of
+    it is a tie (the speed model is good to ~25%), left to the next cost to break. Counted
+    from the best, not in fixed bins, so that 2,653 and 2,753 tie where fixed bins split them."""
+    if tokens_per_s <= 0:
+        return THROUGHPUT_NONE
+    return max(0, int(math.log(best / tokens_per_s) / math.log(1.1)))
+
+
+THROUGHPUT_NONE: Final = 10**6
+"""The steps of a candidate with no predicted speed: behind every one that has one."""
 
 
 def concurrency_steps(requests: int) -> int:

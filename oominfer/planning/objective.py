@@ -25,14 +25,23 @@ QUANTIZATION_RANK: Final = {
 more: its accuracy is what the model is)."""
 
 
-def costs(cand: Candidate, spec: ModelSpec, hardware: Hardware, c: Constraints) -> Costs:
-    """The costs ``cand`` pays, against vLLM's defaults on this hardware."""
+def costs(
+    cand: Candidate,
+    spec: ModelSpec,
+    hardware: Hardware,
+    c: Constraints,
+    *,
+    best_tokens_per_s: float | None = None,
+) -> Costs:
+    """The costs ``cand`` pays, against vLLM's defaults on this hardware; its throughput
+    (--prefer throughput) against ``best_tokens_per_s``, the best of the candidates compared
+    (its own when not given)."""
     s = cand.settings
     default_chunk, default_seqs = vllm_defaults(hardware)
     throughput = 0
     if c.prefer == "throughput":
-        perf = performance_of(cand, spec, hardware, c)
-        throughput = throughput_steps(perf.output_tokens_per_s) if perf else 0
+        rate = _tokens_per_s(cand, spec, hardware, c)
+        throughput = throughput_steps(rate, best_tokens_per_s or rate)
     return Costs(
         cpu_offload=math.ceil(s.cpu_offload_gb),
         below_floor=max(0, c.floor(spec.max_position_embeddings) - cand.context),
@@ -46,8 +55,14 @@ def costs(cand: Candidate, spec: ModelSpec, hardware: Hardware, c: Constraints) 
         pipeline=s.pipeline_parallel_size,
         shorter_context=-cand.context,
         less_concurrency=-concurrency_steps(cand.total_running),
-        less_throughput=-throughput,
+        less_throughput=throughput,
     )
+
+
+def _tokens_per_s(cand: Candidate, spec: ModelSpec, hardware: Hardware, c: Constraints) -> float:
+    """The candidate's predicted output tokens/s over all replicas (0 where none is)."""
+    perf = performance_of(cand, spec, hardware, c)
+    return perf.output_tokens_per_s if perf else 0.0
 
 
 def best(
@@ -59,4 +74,12 @@ def best(
 ) -> Candidate | None:
     """The candidate ``prefer`` (default: the constraints') likes best; None if none."""
     order = prefer or c.prefer
-    return min(found, key=lambda cand: costs(cand, spec, hardware, c).key(order), default=None)
+    cands = list(found)
+    top = None
+    if c.prefer == "throughput" and cands:
+        top = max(_tokens_per_s(cand, spec, hardware, c) for cand in cands)
+    return min(
+        cands,
+        key=lambda cand: costs(cand, spec, hardware, c, best_tokens_per_s=top).key(order),
+        default=None,
+    )

@@ -218,15 +218,18 @@ def predict(
                                          limited=limited)  # fmt: skip
     # Decode: every running request's next token; the other requests' prompts are computed
     # in the same steps, (running - 1) x input_len tokens over output_len steps on average.
+    # With pipeline parallelism vLLM keeps one batch in flight per stage (the engine's batch
+    # queue): the running requests go through in pp microbatches, and a request's next
+    # token waits for all pp of them to pass its stage.
     context = w.input_len + w.output_len / 2
     decode = step_time(
         s,
         c,
-        decodes=running,
+        decodes=running / pp,
         context=context,
-        prefill_tokens=(running - 1) * w.input_len / w.output_len,
+        prefill_tokens=(running - 1) * w.input_len / w.output_len / pp,
         prefill_context=w.input_len / 2,
-        prefill_sequences=(running - 1) / w.output_len,
+        prefill_sequences=(running - 1) / w.output_len / pp,
     )
     tpot = decode.seconds * pp
     ttft = (
@@ -470,7 +473,9 @@ def _run_burst(
     bound_at_full: Bound | None = None
     while decoding or prompting < requests:
         n_dec = len(decoding)
-        budget = max(chunk - n_dec, 0)
+        # One pass of every running request: pp microbatches, each with its own token budget
+        # (vLLM's batch queue with pipeline parallelism).
+        budget = max(chunk * pp - n_dec, 0)
         # Prompts in arrival order: the one begun, then new ones while the batch has room.
         prefill, context_sum, finished_prompts = 0, 0.0, []
         i, computed = prompting, done_prompt
@@ -496,11 +501,11 @@ def _run_burst(
         t = step_time(
             s,
             c,
-            decodes=n_dec,
+            decodes=n_dec / pp,
             context=context,
-            prefill_tokens=prefill,
+            prefill_tokens=prefill / pp,
             prefill_context=context_sum / prefill if prefill else 0.0,
-            prefill_sequences=sequences,
+            prefill_sequences=sequences / pp,
         )
         if bound_at_full is None and n_dec >= cap:
             bound_at_full = t.bound
