@@ -154,6 +154,31 @@ def test_llama8b_l4_throughput_most_typical_requests_with_graphs() -> None:
     assert r.concurrency.typical_requests >= 16
 
 
+def test_throughput_ties_within_ten_percent_of_the_best() -> None:
+    """Steps are counted down from the best candidate, not in fixed bins: 2,753 and 2,653
+    tokens/s tie (fixed bins of 10% had split them), 2,400 is one step behind."""
+    from oominfer.planning.costs import THROUGHPUT_NONE, throughput_steps
+
+    assert throughput_steps(2753, 2753) == throughput_steps(2653, 2753) == 0
+    assert throughput_steps(2400, 2753) == 1
+    assert throughput_steps(0, 2753) == THROUGHPUT_NONE
+
+
+def test_throughput_on_spare_gpus_takes_replicas_over_a_longer_pipeline() -> None:
+    """Llama-3.1-405B on 16 H100s, --prefer throughput: FP8 fits a node, and two replicas of
+    8 GPUs serve about what one 16-GPU pipeline does at half its TPOT; the advice's spare
+    GPUs serve replicas."""
+    r = plan(spec("meta-llama/Llama-3.1-405B-Instruct"), hw("H100", 16), Constraints())
+    check_plan(r)
+    # bf16 needs both nodes: the plan pipelines them; the throughput alternative is FP8.
+    assert r.settings.pipeline_parallel_size == 2
+    fast = next(a for a in r.alternatives if a.flag == "--prefer throughput")
+    assert fast.settings.quantization is not None
+    assert fast.settings.pipeline_parallel_size == 1
+    assert fast.settings.tensor_parallel_size == 8
+    assert fast.replicas == 2
+
+
 @pytest.mark.parametrize("model", ["Qwen/Qwen3-4B", "meta-llama/Llama-3.2-3B-Instruct"])
 def test_t4_gets_float16_and_never_fp8(model: str) -> None:
     t4 = hw("T4")

@@ -145,12 +145,13 @@ def test_typical_length_and_input_output_lengths_must_agree() -> None:
 
 
 def test_prefer_throughput_picks_the_most_predicted_tokens_per_second() -> None:
+    """Within 10% of the most: closer predictions tie (planning/costs.py throughput_steps)."""
     r = invoke("fit", "meta-llama/Llama-3.1-70B-Instruct", "--gpu", "H100", "--gpus", "4",
                "--no-verify", "--prefer", "throughput", "--json")  # fmt: skip
     assert r.exit_code == 0, r.output
     doc = _json(r)
     mine = doc["performance"]["output_tokens_per_s"]
-    assert all(mine >= a["performance"]["output_tokens_per_s"] for a in doc["alternatives"])
+    assert all(mine * 1.1 >= a["performance"]["output_tokens_per_s"] for a in doc["alternatives"])
 
 
 def test_max_tpot_picks_the_fastest_plan_that_meets_it() -> None:
