@@ -141,9 +141,9 @@ def stage(spec: ModelSpec, settings: EngineSettings, b: MemoryBreakdown) -> Stag
         flops_per_token=2 * active / (tp * pp),
         head_flops_per_token=2 * spec.vocab_size * spec.hidden_size / (tp * pp),
         expert_flops_per_token=2 * experts * share / (tp * pp),
+        quantized_experts=fmt is not None,
         # Each GPU's slice of an expert's intermediate width: the whole of it with expert
         # parallelism (whole experts spread over the GPUs), else 1/tp of it.
-        quantized_experts=fmt is not None,
         expert_width=(spec.moe_intermediate_size or spec.intermediate_size)
         // (1 if settings.enable_expert_parallel else tp),
         # QK^T and AV: 2 FLOPs each per head dimension, per attended token.
