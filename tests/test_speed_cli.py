@@ -168,3 +168,14 @@ def test_an_impossible_latency_exits_3_naming_the_closest() -> None:
     r = invoke("fit", LLAMA, "--gpu", "L4", "--no-verify", "--max-tpot", "0.0005")
     assert r.exit_code == 3, r.output
     assert "--max-tpot 0.0005" in r.stderr and "closest" in r.stderr and "TPOT" in r.stderr
+
+
+def test_an_estimate_without_a_prediction_says_why() -> None:
+    """The human report names the reason: the CPU backend, or a GPU given only by its
+    memory (no bandwidth or FLOPs to put in the roofline)."""
+    cpu = invoke("estimate", "Qwen/Qwen2.5-0.5B-Instruct", "--device", "cpu", "--memory", "8GiB")
+    assert cpu.exit_code == 0, cpu.output
+    assert "not predicted (the speed model is a GPU roofline; vLLM's CPU backend" in cpu.stdout
+    bare = invoke("estimate", "Qwen/Qwen2.5-0.5B-Instruct", "--gpu-memory", "24GiB")
+    assert bare.exit_code == 0, bare.output
+    assert "has no bandwidth or FLOPs figures in the catalog; pass --gpu by name" in bare.stdout

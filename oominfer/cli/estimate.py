@@ -28,6 +28,7 @@ from oominfer.rules.parallel import tensor_parallel_refusal
 from oominfer.settings import Engine, EngineSettings, flag
 
 if TYPE_CHECKING:
+    from oominfer.speed.workload import Workload
     from oominfer.verify.memory_store import MeasuredMemory
 
 
@@ -175,7 +176,7 @@ def estimate(model: str, revision: str | None, as_json: bool, **opts: Any) -> No
         if memory is not None:
             click.echo(memory_line(memory))
         if fits:
-            for row in speed_lines(perf, measured):
+            for row in speed_lines(perf, measured, why_not=_why_no_speed(hardware, workload)):
                 click.echo(row)
         click.secho(line, fg="green" if fits else "red", bold=True)
         if error is not None and error.hint:
@@ -197,6 +198,19 @@ def _auto_fit(
     trial = dataclasses.replace(settings, max_model_len=spec.max_position_embeddings)
     found = settle(spec, hardware, c, trial)
     return found.settings if found is not None else trial
+
+
+def _why_no_speed(hardware: Hardware, workload: Workload) -> str:
+    """Why an estimate that fits has no predicted speed, in a few words."""
+    gpu = hardware.gpu
+    if hardware.is_cpu:
+        return "the speed model is a GPU roofline; vLLM's CPU backend is not modelled"
+    if not gpu.memory_bandwidth_gbps or not gpu.tflops_16bit:
+        return f"{gpu.name} has no bandwidth or FLOPs figures in the catalog; pass --gpu by name"
+    return (
+        f"the KV cache holds no request of {workload.total_len:,} tokens "
+        "(--input-len + --output-len)"
+    )
 
 
 def memory_json(memory: MeasuredMemory | None) -> dict[str, Any] | None:

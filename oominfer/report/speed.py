@@ -52,12 +52,13 @@ def speed_phrase(perf: Performance) -> str:
     )
 
 
-def speed_lines(perf: Performance | None, measured: Measured | None = None) -> list[str]:
+def speed_lines(
+    perf: Performance | None, measured: Measured | None = None, *, why_not: str | None = None
+) -> list[str]:
     """The human report's speed rows (predicted; scaled by ``measured`` when given),
-    uncoloured."""
+    uncoloured; ``why_not`` says why there is no prediction, where ``perf`` is None."""
     if perf is None:
-        return ["speed             not predicted (no bandwidth/FLOPs figures for this GPU, "
-                "or no request of these lengths fits)"]  # fmt: skip
+        return [f"speed             not predicted ({why_not or 'no figures to predict from'})"]
     capped = ""
     if perf.limited_by is not None:
         why = "max_num_seqs" if perf.limited_by == "max_num_seqs" else "the KV cache"
