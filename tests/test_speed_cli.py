@@ -4,6 +4,7 @@ the report, --prefer throughput, and the latency requirements --max-tpot/--max-t
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -170,9 +171,13 @@ def test_an_impossible_latency_exits_3_naming_the_closest() -> None:
     assert "--max-tpot 0.0005" in r.stderr and "closest" in r.stderr and "TPOT" in r.stderr
 
 
-def test_an_estimate_without_a_prediction_says_why() -> None:
+def test_an_estimate_without_a_prediction_says_why(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     """The human report names the reason: the CPU backend, or a GPU given only by its
-    memory (no bandwidth or FLOPs to put in the roofline)."""
+    memory (no bandwidth or FLOPs to put in the roofline). A cache of its own: what other
+    tests' engines measured on this machine must not move the estimate."""
+    monkeypatch.setenv("OOMINFER_CACHE_DIR", str(tmp_path / "cache"))
     cpu = invoke("estimate", "Qwen/Qwen2.5-0.5B-Instruct", "--device", "cpu", "--memory", "8GiB")
     assert cpu.exit_code == 0, cpu.output
     assert "not predicted (the speed model is a GPU roofline; vLLM's CPU backend" in cpu.stdout
