@@ -157,6 +157,10 @@ def halvings(default: int, value: int) -> int:
     return max(0, math.ceil(math.log2(default / value))) if value < default else 0
 
 
+THROUGHPUT_NONE: Final = 10**6
+"""The steps of a candidate with no predicted speed: behind every one that has one."""
+
+
 def throughput_steps(tokens_per_s: float, best: float) -> int:
     """Steps of 10% that output tokens/s falls below the ``best`` candidate's: within 10% of
     it is a tie (the speed model is good to ~25%), left to the next cost to break. Counted
@@ -164,10 +168,6 @@ def throughput_steps(tokens_per_s: float, best: float) -> int:
     if tokens_per_s <= 0:
         return THROUGHPUT_NONE
     return max(0, int(math.log(best / tokens_per_s) / math.log(1.1)))
-
-
-THROUGHPUT_NONE: Final = 10**6
-"""The steps of a candidate with no predicted speed: behind every one that has one."""
 
 
 def concurrency_steps(requests: int) -> int:

@@ -31,16 +31,17 @@ def costs(
     hardware: Hardware,
     c: Constraints,
     *,
+    tokens_per_s: float | None = None,
     best_tokens_per_s: float | None = None,
 ) -> Costs:
     """The costs ``cand`` pays, against vLLM's defaults on this hardware; its throughput
-    (--prefer throughput) against ``best_tokens_per_s``, the best of the candidates compared
-    (its own when not given)."""
+    (--prefer throughput: ``tokens_per_s`` where already predicted) against
+    ``best_tokens_per_s``, the best of the candidates compared (its own when not given)."""
     s = cand.settings
     default_chunk, default_seqs = vllm_defaults(hardware)
     throughput = 0
     if c.prefer == "throughput":
-        rate = _tokens_per_s(cand, spec, hardware, c)
+        rate = _tokens_per_s(cand, spec, hardware, c) if tokens_per_s is None else tokens_per_s
         throughput = throughput_steps(rate, best_tokens_per_s or rate)
     return Costs(
         cpu_offload=math.ceil(s.cpu_offload_gb),
@@ -74,12 +75,17 @@ def best(
 ) -> Candidate | None:
     """The candidate ``prefer`` (default: the constraints') likes best; None if none."""
     order = prefer or c.prefer
-    cands = list(found)
-    top = None
-    if c.prefer == "throughput" and cands:
-        top = max(_tokens_per_s(cand, spec, hardware, c) for cand in cands)
-    return min(
-        cands,
-        key=lambda cand: costs(cand, spec, hardware, c, best_tokens_per_s=top).key(order),
+    # Each candidate's speed is predicted once, for its own cost and for the best's.
+    scored: list[tuple[Candidate, float | None]] = [
+        (cand, _tokens_per_s(cand, spec, hardware, c) if c.prefer == "throughput" else None)
+        for cand in found
+    ]
+    top = max((rate for _, rate in scored if rate is not None), default=None)
+    picked = min(
+        scored,
+        key=lambda pair: costs(
+            pair[0], spec, hardware, c, tokens_per_s=pair[1], best_tokens_per_s=top
+        ).key(order),
         default=None,
     )
+    return picked[0] if picked is not None else None
