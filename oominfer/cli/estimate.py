@@ -176,7 +176,8 @@ def estimate(model: str, revision: str | None, as_json: bool, **opts: Any) -> No
         if memory is not None:
             click.echo(memory_line(memory))
         if fits:
-            for row in speed_lines(perf, measured, why_not=_why_no_speed(hardware, workload)):
+            why_not = None if perf else _why_no_speed(spec, hardware, settings, workload)
+            for row in speed_lines(perf, measured, why_not=why_not):
                 click.echo(row)
         click.secho(line, fg="green" if fits else "red", bold=True)
         if error is not None and error.hint:
@@ -200,12 +201,16 @@ def _auto_fit(
     return found.settings if found is not None else trial
 
 
-def _why_no_speed(hardware: Hardware, workload: Workload) -> str:
+def _why_no_speed(
+    spec: ModelSpec, hardware: Hardware, settings: EngineSettings, workload: Workload
+) -> str:
     """Why an estimate that fits has no predicted speed, in a few words."""
+    from oominfer.speed.performance import chip
+
     gpu = hardware.gpu
     if hardware.is_cpu:
         return "the speed model is a GPU roofline; vLLM's CPU backend is not modelled"
-    if not gpu.memory_bandwidth_gbps or not gpu.tflops_16bit:
+    if chip(gpu, settings, spec) is None:
         return f"{gpu.name} has no bandwidth or FLOPs figures in the catalog; pass --gpu by name"
     return (
         f"the KV cache holds no request of {workload.total_len:,} tokens "
