@@ -60,12 +60,9 @@ _EXCEPTION: Final = re.compile(r"\b[A-Z]\w*(?:Error|Exception)\b(?:[:(]|$)")
 _ANSI: Final = re.compile(r"\x1b\[[0-9;]*m")
 
 
-def _gib(match: re.Match[str] | None) -> int | None:
-    return int(float(match.group(1)) * GiB) if match else None
-
-
-def _mib(match: re.Match[str] | None) -> int | None:
-    return int(float(match.group(1)) * MiB) if match else None
+def _size(match: re.Match[str] | None, unit: int = GiB) -> int | None:
+    """Bytes of the number a log line printed in ``unit`` (GiB unless said)."""
+    return int(float(match.group(1)) * unit) if match else None
 
 
 def _failure_lines(text: str) -> tuple[str, str]:
@@ -97,12 +94,12 @@ def read_log(text: str) -> LogFacts:
     """
     phase = phase_of(text)
     weights = (
-        _gib(re.search(r"Model loading took " + _GIB, text))
-        or _gib(re.search(r"Loading (?:model )?weights took " + r"([\d.]+)\s*GB", text))
+        _size(re.search(r"Model loading took " + _GIB, text))
+        or _size(re.search(r"Loading (?:model )?weights took " + r"([\d.]+)\s*GB", text))
         # oominfer's transformers server: its "Serving ..." line (engines/transformers/cli.py)
-        or _mib(re.search(r"with transformers on \S+: .*? weights=([\d.]+) MiB", text))
+        or _size(re.search(r"with transformers on \S+: .*? weights=([\d.]+) MiB", text), MiB)
     )
-    kv_bytes = _gib(re.search(r"Available KV cache memory: " + _GIB, text)) or _gib(
+    kv_bytes = _size(re.search(r"Available KV cache memory: " + _GIB, text)) or _size(
         re.search(r"Explicitly set \(([\d.]+)/[\d.]+\) GiB for KV cache", text)
     )
     tokens_m = re.search(r"KV cache size: ([\d,]+) tokens", text)
