@@ -142,11 +142,13 @@ def _gpu(text: str) -> GpuSpec | None:
     return None
 
 
-def _stated(point: dict[str, Any], flag: str) -> str | None:
-    """The value of a vLLM flag the point's source states for its deployment (in its quote,
-    or its notes where the source's own manifest gives it): "" for a switch, None if absent."""
+def _stated(point: dict[str, Any], flag: str, short: str | None = None) -> str | None:
+    """The value of a vLLM flag (or its ``short`` form: ``pp`` for -pp) the point's source
+    states for its deployment (in its quote, or its notes where the source's own manifest
+    gives it): "" for a switch, None if absent."""
+    name = rf"(?:--{flag}|(?<![\w-])-{short})" if short else f"--{flag}"
     for text in (point.get("quote") or "", point.get("notes") or ""):
-        m = re.search(rf"--{flag}(?![\w-])(?:[= ](\d+))?", text)
+        m = re.search(rf"{name}(?![\w-])(?:[= ](\d+))?", text)
         if m:
             return m.group(1) or ""
     return None
@@ -268,8 +270,11 @@ def replay(point: dict[str, Any]) -> dict[str, Any]:
         spec = dataclasses.replace(spec, quantization=fmt, checkpoint=Checkpoint())
     count = point.get("num_gpus") or 1
     tp = point.get("tensor_parallel_size") or count
-    stated_pp = re.search(r"(?:-pp|--pipeline-parallel-size)[= ](\d+)", point.get("quote") or "")
-    pp = point.get("pipeline_parallel_size") or (int(stated_pp.group(1)) if stated_pp else 1)
+    pp = (
+        point.get("pipeline_parallel_size")
+        or _int(_stated(point, "pipeline-parallel-size", short="pp"))
+        or 1
+    )
     input_len, output_len, how = _lengths(point)
     quant = model[1] if model[1] not in ("awq", "gptq") else None
     if "--quantization awq" in (point.get("quantization") or ""):

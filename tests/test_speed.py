@@ -537,6 +537,9 @@ def test_a_point_is_replayed_with_the_flags_its_source_states() -> None:
     assert bench._stated(point, "max-num-batched-tokens") is None
     # A longer flag is not read as a shorter one.
     assert bench._stated({"quote": "--max-num-seqs-x 3"}, "max-num-seqs") is None
+    # A short form where one is given (-pp), never inside a longer flag.
+    assert bench._stated({"quote": "vllm serve m -pp 2"}, "pipeline-parallel-size", "pp") == "2"
+    assert bench._stated({"quote": "--pp 3"}, "pipeline-parallel-size", "pp") is None
 
 
 def test_a_pipeline_parallel_point_is_replayed_on_all_its_gpus(

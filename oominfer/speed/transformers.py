@@ -8,8 +8,8 @@ took 22-160 ms whatever the batch (1-32) and context (1,024-8,192): 4-30x what t
 to read the weights and the cache. The step is the host launching each layer's kernels one
 by one from Python, so it grows with the layers; the GPU's roofline only matters where it is
 slower still (a large model on a slow card). A long prompt is the GPU's work: its prefill
-reached 0.55 of the dense peak at 32,768 tokens (flash SDPA and cuBLAS over one long row
-block), and a short one costs one host-bound pass.
+reaches about half the dense peak (flash SDPA and cuBLAS over one long row block;
+PREFILL_COMPUTE_EFFICIENCY), and a short one costs one host-bound pass.
 """
 
 from __future__ import annotations
