@@ -41,17 +41,10 @@ ACTIVATION_TOLERANCE_GIB = 0.35
 
 # (log, part) -> why the model does not match it today.
 _V0 = "V0 engine (0.6-0.7): its profiling peak and non-torch memory are modelled on V1's"
-_MOE_PEAK = (
-    "of the author's 2.8 GiB of fixed FlashInfer/DeepGEMM/all-reduce workspaces on Hopper, "
-    "the NVLink NCCL buffers are modelled (1.60 GiB of non-torch memory at TP4), about "
-    "1.6 GiB is not, nor part of the per-token MoE buffers"
-)
 XFAIL: dict[tuple[str, str], str] = {
     ("dp04", "kv_cache"): f"{_V0}: 2.57 GiB estimated vs 2.89 logged",
     ("dp54", "kv_cache"): f"{_V0}; bitsandbytes weights dequantized in the forward and "
     "LoRA's Punica buffers (Unsloth) are in its profiling peak: 3.05 GiB estimated vs 2.64",
-    ("c01", "kv_cache"): f"{_MOE_PEAK}: 13.64 GiB estimated vs 12.15 logged",
-    ("c02", "kv_cache"): f"{_MOE_PEAK}: 5.84 GiB estimated vs 4.15 logged",
     ("c19", "kv_cache"): "the author's 'approximate' transcription adds up with no graph "
     "reserve and a logits-only sampler: Model Runner V2, the default for dense models from "
     "0.25.1, whose profile_cudagraph_memory returned 0 then (vllm issue #49224); the model "
@@ -121,11 +114,11 @@ XFAIL: dict[tuple[str, str], str] = {
     "0.11's pool may be smaller than the fit, which the 0.10-0.26 logs set together",
     **{
         (log, part): "Qwen3-235B-2507-FP8 at TP 4 on H100s under vLLM 0.19.0 (a report's summary "
-        "of its start): 10.89 GiB for the KV cache where 15.22 is estimated, and the start at "
-        "262,144 tokens failed (11.75 needed). The same deployment's 0.15.1 run had 14.03, 8% "
-        "under the estimate; between the two, vLLM 0.18 removed the fused MoE's chunking (PR "
-        "#34086), and block-FP8 MoE on Hopper runs DeepGEMM, whose workspaces the model does "
-        "not count (c01/c02, the same deployment on 0.20, miss 1.4-1.8 GiB the same way)"
+        "of its start): 10.89 GiB for the KV cache where 14.83 is estimated, and the start at "
+        "262,144 tokens failed (11.75 needed). The same deployment's 0.15.1 run had 14.03. The "
+        "report names the FLASHINFER_CUTLASS MoE backend, whose own workspaces the model does "
+        "not count, where 0.19.1 picks TRITON for block FP8 at TP without EP (fused_moe/oracle/"
+        "fp8.py), as c01/c02 (the same deployment on 0.20, TRITON forced) ran, within 10%"
         for log, part in (("g11-06", "kv_cache"), ("g11-07", "kv_cache"), ("g11-07", "verdict"))
     },
     ("g3-08", "verdict"): "a desktop RTX 3090: the same flags started in April (g3-06), then "

@@ -18,6 +18,7 @@ from oominfer.memory.profile import (
     CPU_RUNTIME_BYTES,
     GRAPH_BYTES_PER_LAYER_PIECEWISE,
     graph_estimate_excess,
+    moe_workspace_bytes,
 )
 from oominfer.memory.weights import mxfp4_expert_ratio, rope_cache_bytes, weights_bytes
 from oominfer.model.catalog import catalog_entry
@@ -668,3 +669,28 @@ def test_vllm_refuses_a_budget_that_is_not_free_at_start(
     assert b.fits is starts
     if not starts:
         assert b.shortfall_bytes == b.startup_short_bytes
+
+
+@pytest.mark.parametrize(
+    ("release", "per_token"),
+    [
+        # fused_experts_impl: cache13 top-k x max(N, K), cache2 top-k x N/2, output K.
+        ("0.13", 8 * max(768, 4096) + 8 * 384 + 4096),
+        # The modular kernel (0.14+): workspace13 top-k x max(N/2, K), which the output
+        # shares, and workspace2 top-k x max(N, K).
+        ("0.14", 8 * max(384, 4096) + 8 * max(768, 4096)),
+    ],
+)
+def test_moe_buffers_follow_the_release_kernel(release: str, per_token: int) -> None:
+    # Qwen3-235B at TP 4: N = 2 x 1536 / 4 = 768 per rank, K = 4096, top-8 of 128 experts.
+    moe = spec("Qwen/Qwen3-235B-A22B")
+    version = EngineVersion.parse(release)
+    got = moe_workspace_bytes(moe, tokens=8192, dtype_size=2, expert_slices=4, version=version)
+    assert got == 8192 * per_token * 2
+    # Before 0.18 the kernel ran 32,768 tokens at a time; from 0.18 the whole profiling batch.
+    chunked = moe_workspace_bytes(moe, tokens=65536, dtype_size=2, expert_slices=4, version=version)
+    assert chunked == 32768 * per_token * 2
+    whole = moe_workspace_bytes(
+        moe, tokens=65536, dtype_size=2, expert_slices=4, version=EngineVersion.parse("0.18")
+    )
+    assert whole == 65536 * (8 * 4096 + 8 * 4096) * 2

@@ -213,6 +213,13 @@ MOE_CHUNK_TOKENS: Final = 32768
 at most this many tokens at a time (the chunking went in vLLM PR #34086, 0.18)."""
 
 
+MODULAR_MOE_RELEASE: Final = (0, 14)
+"""The release from which the unquantized and FP8 fused-MoE layers run through the modular
+kernel (vLLM 0.14: ``self.kernel(...)`` in unquantized_fused_moe_method.py and fp8.py; 0.13
+still called ``fused_experts``), whose experts take their buffers from the worker's
+persistent workspace (v1/worker/workspace.py) at the shapes ``workspace_shapes`` asks."""
+
+
 def moe_workspace_bytes(
     spec: ModelSpec,
     *,
@@ -223,19 +230,29 @@ def moe_workspace_bytes(
 ) -> int:
     """The fused-MoE kernel's buffers at the profiling run's token count.
 
-    vllm/model_executor/layers/fused_moe/fused_moe.py ``fused_experts_impl``: with
-    N = 2 x the expert's intermediate size per rank (sliced over ``expert_slices`` ranks:
-    tensor x data parallel, or 1 with expert parallelism, where each rank holds whole
-    experts) and K = hidden size, per token
-    ``cache13`` holds top-k x max(N, K) (intermediate_cache1 and 3 share it),
-    ``intermediate_cache2`` top-k x N / 2, and the output one x K, in the model dtype.
-    With many experts of a small intermediate size the K-wide cache, which TP does not
-    split, is most of it (Qwen3-235B: 8 x 4096 per token).
+    With N = 2 x the expert's intermediate size per rank (sliced over ``expert_slices``
+    ranks: tensor x data parallel, or 1 with expert parallelism, where each rank holds whole
+    experts) and K = hidden size, per token, in the model dtype:
+
+    - before 0.14, vllm/model_executor/layers/fused_moe/fused_moe.py ``fused_experts_impl``:
+      ``cache13`` holds top-k x max(N, K) (intermediate_cache1 and 3 share it),
+      ``intermediate_cache2`` top-k x N / 2, and the output one x K;
+    - from 0.14 (``MODULAR_MOE_RELEASE``), the modular kernel's experts
+      (modular_kernel.py ``_allocate_buffers``): workspace13 top-k x max(N / 2, K), which
+      the output shares, and workspace2 top-k x max(N, K). TritonExperts asks exactly
+      that; the DeepGEMM and CUTLASS experts (N, K swapped between the two) and Marlin's
+      (whose N is the intermediate size) come to the same sum.
+
+    With many experts of a small intermediate size the K-wide buffers, which TP does not
+    split, are most of it (Qwen3-235B: 8 x 4096 per token, twice from 0.14).
     """
     inter = max(spec.moe_intermediate_size, 1) // expert_slices
     top_k = max(spec.num_experts_per_tok, 1)
-    n = 2 * inter
-    per_token = top_k * (max(n, spec.hidden_size) + inter) + spec.hidden_size
+    n, k = 2 * inter, spec.hidden_size
+    if version.release >= MODULAR_MOE_RELEASE:
+        per_token = top_k * (max(inter, k) + max(n, k))
+    else:
+        per_token = top_k * (max(n, k) + inter) + k
     chunk = tokens if version.release >= (0, 18) else min(tokens, MOE_CHUNK_TOKENS)
     workspace = chunk * per_token * dtype_size
     if spec.quantization is not None and spec.quantization.method == "fp8":
