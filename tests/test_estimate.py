@@ -687,9 +687,15 @@ def test_moe_buffers_follow_the_release_kernel(release: str, per_token: int) -> 
     version = EngineVersion.parse(release)
     got = moe_workspace_bytes(moe, tokens=8192, dtype_size=2, expert_slices=4, version=version)
     assert got == 8192 * per_token * 2
-    # Before 0.18 the kernel ran 32,768 tokens at a time; from 0.18 the whole profiling batch.
+    # 0.12-0.17 ran the kernel 16,384 tokens at a time (32,768 before); from 0.18 the whole
+    # profiling batch.
     chunked = moe_workspace_bytes(moe, tokens=65536, dtype_size=2, expert_slices=4, version=version)
-    assert chunked == 32768 * per_token * 2
+    assert chunked == 16384 * per_token * 2
+    old = EngineVersion.parse("0.11")
+    assert (
+        moe_workspace_bytes(moe, tokens=65536, dtype_size=2, expert_slices=4, version=old)
+        == 32768 * (8 * max(768, 4096) + 8 * 384 + 4096) * 2
+    )
     whole = moe_workspace_bytes(
         moe, tokens=65536, dtype_size=2, expert_slices=4, version=EngineVersion.parse("0.18")
     )

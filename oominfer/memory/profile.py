@@ -208,9 +208,13 @@ def forward_bytes(spec: ModelSpec, *, tokens: int, dtype_size: int, tp: int) -> 
     return tokens * per_token * dtype_size
 
 
-MOE_CHUNK_TOKENS: Final = 32768
-"""vllm/envs.py VLLM_FUSED_MOE_CHUNK_SIZE's default: before 0.18 the fused-MoE kernels ran
-at most this many tokens at a time (the chunking went in vLLM PR #34086, 0.18)."""
+def moe_chunk_tokens(version: EngineVersion) -> int | None:
+    """The most tokens the fused-MoE kernel runs at a time: vllm/envs.py
+    VLLM_FUSED_MOE_CHUNK_SIZE's default, 32,768 up to 0.11 and 16,384 from 0.12 (read in
+    each release's envs.py); None from 0.18, where the chunking went (vLLM PR #34086)."""
+    if version.release >= (0, 18):
+        return None
+    return 16384 if version.release >= (0, 12) else 32768
 
 
 MODULAR_MOE_RELEASE: Final = (0, 14)
@@ -253,7 +257,8 @@ def moe_workspace_bytes(
         per_token = top_k * (max(inter, k) + max(n, k))
     else:
         per_token = top_k * (max(n, k) + inter) + k
-    chunk = tokens if version.release >= (0, 18) else min(tokens, MOE_CHUNK_TOKENS)
+    limit = moe_chunk_tokens(version)
+    chunk = tokens if limit is None else min(tokens, limit)
     workspace = chunk * per_token * dtype_size
     if spec.quantization is not None and spec.quantization.method == "fp8":
         # W8A8: the input and intermediate_cache2 are quantized to one byte each before
