@@ -19,6 +19,7 @@ from oominfer.memory.profile import (
     GRAPH_BYTES_PER_LAYER_PIECEWISE,
     graph_estimate_excess,
     moe_workspace_bytes,
+    vllm_defaults,
 )
 from oominfer.memory.weights import mxfp4_expert_ratio, rope_cache_bytes, weights_bytes
 from oominfer.model.catalog import catalog_entry
@@ -700,3 +701,29 @@ def test_moe_buffers_follow_the_release_kernel(release: str, per_token: int) -> 
         moe, tokens=65536, dtype_size=2, expert_slices=4, version=EngineVersion.parse("0.18")
     )
     assert whole == 65536 * (8 * 4096 + 8 * 4096) * 2
+
+
+@pytest.mark.parametrize(
+    ("gpu", "release", "defaults"),
+    [
+        # The >= 160 GiB tier came in 0.28: a B200 took the 70 GiB one's 8,192 before.
+        ("B200", "0.27", (8192, 1024)),
+        ("B200", "0.28", (16384, 1024)),
+        ("H200", "0.33", (8192, 1024)),
+        # From 0.9 an A100 is kept off the large tier (PR #17885).
+        ("A100", "0.8", (8192, 1024)),
+        ("A100", "0.9", (2048, 256)),
+        ("L4", "0.20", (2048, 256)),
+        ("GB10", "0.20", (2048, 256)),
+    ],
+)
+def test_vllm_defaults_follow_the_release(
+    gpu: str, release: str, defaults: tuple[int, int]
+) -> None:
+    hardware = Hardware(gpu=find_gpu(gpu), count=1)
+    assert vllm_defaults(hardware, version=EngineVersion.parse(release)) == defaults
+    # The estimate reads them under the version it is given.
+    b = estimate(
+        LLAMA_8B, hardware=hardware, settings=EngineSettings(), version=EngineVersion.parse(release)
+    )
+    assert (b.max_num_batched_tokens, b.max_num_seqs) == defaults

@@ -134,7 +134,9 @@ def estimate(
             raise InvalidSettingError(f"vLLM cannot load {spec.model_id} here: {why}.", hint=hint)
     kv_elem = kv_dtype_bytes(s.kv_cache_dtype, dtype)
     max_len = spec.context(s.max_model_len)
-    default_tokens, default_seqs = vllm_defaults(hardware, world_size=s.model_world_size)
+    default_tokens, default_seqs = vllm_defaults(
+        hardware, world_size=s.model_world_size, version=version
+    )
     seqs = s.max_num_seqs or default_seqs
     batched = s.max_num_batched_tokens or min(default_tokens, seqs * max_len)
     if not version.always_chunked_prefill and max_len <= 32768:

@@ -10,7 +10,7 @@ from oominfer.hardware.gpu import GpuSpec
 from oominfer.hardware.hardware import Hardware
 from oominfer.model.spec import ModelSpec
 from oominfer.rules.attention import graph_counts
-from oominfer.rules.versions import EngineVersion
+from oominfer.rules.versions import LATEST_VLLM, EngineVersion
 
 # Memory the engine holds after profiling beyond weights and activations: cuBLAS and
 # attention workspaces, persistent input and sampler buffers; with tensor parallelism the
@@ -175,23 +175,29 @@ def cuda_graph_bytes(
 CPU_RUNTIME_BYTES: Final = 2 * GiB
 
 
-def vllm_defaults(hardware: Hardware, *, world_size: int = 1) -> tuple[int, int]:
-    """vLLM's (max_num_batched_tokens, max_num_seqs) for its OpenAI server on this device.
+def vllm_defaults(
+    hardware: Hardware, *, world_size: int = 1, version: EngineVersion | None = None
+) -> tuple[int, int]:
+    """vLLM's (max_num_batched_tokens, max_num_seqs) for its OpenAI server on this device,
+    under ``version`` (default: ``LATEST_VLLM``).
 
-    vllm/engine/arg_utils.py ``_get_default_max_num_seqs_and_batched_tokens`` (0.33):
-    >= 160 GiB: (16384, 1024); >= 70 GiB and not an A100 nor a GB10: (8192, 1024); else
-    (2048, 256); CPU: (2048 x world, 128 x world). The GB10 (compute capability 12.1) is
-    kept on the small tier explicitly in 0.33; before, NVML's memory query failed on it and
-    the tiers saw 0 bytes (GB10 logs of 0.13 and 0.18 print max_num_batched_tokens=2048).
+    vllm/engine/arg_utils.py ``_get_default_max_num_seqs_and_batched_tokens``, read in each
+    release: >= 160 GiB: (16384, 1024), a tier added in 0.28 (B200 and B300 had the next one
+    before); >= 70 GiB: (8192, 1024), where from 0.9 an A100 is kept off it (PR #17885) and
+    from 0.33 a GB10; else (2048, 256); CPU: (2048 x world, 128 x world). Before 0.33 NVML's
+    memory query failed on the GB10 (compute capability 12.1) and the tiers saw 0 bytes (GB10
+    logs of 0.13 and 0.18 print max_num_batched_tokens=2048): the small tier either way.
     """
+    release = (version or LATEST_VLLM).release
     gpu = hardware.gpu
     if hardware.is_cpu:
         return 2048 * world_size, 128 * world_size
     if gpu.compute_capability == (12, 1):
         return 2048, 256
-    if gpu.cuda_total_bytes >= 160 * GiB:
+    if gpu.cuda_total_bytes >= 160 * GiB and release >= (0, 28):
         return 16384, 1024
-    if gpu.cuda_total_bytes >= 70 * GiB and "a100" not in gpu.name.lower():
+    a100 = "a100" in gpu.name.lower() and release >= (0, 9)
+    if gpu.cuda_total_bytes >= 70 * GiB and not a100:
         return 8192, 1024
     return 2048, 256
 

@@ -43,7 +43,7 @@ def explain(
     ]  # fmt: skip
     # vLLM's own defaults for this release (0.9 of the GPU before 0.20, 0.92 since).
     defaults = EngineSettings(gpu_memory_utilization=version.default_gpu_memory_utilization)
-    default_tokens, default_seqs = vllm_defaults(hardware)
+    default_tokens, default_seqs = vllm_defaults(hardware, version=version)
 
     def saved(other: EngineSettings) -> int:
         """Non-KV bytes the chosen plan saves over ``other`` (itself with a lever put back)."""

@@ -38,7 +38,7 @@ def costs(
     (--prefer throughput: ``tokens_per_s`` where already predicted) against
     ``best_tokens_per_s``, the best of the candidates compared (its own when not given)."""
     s = cand.settings
-    default_chunk, default_seqs = vllm_defaults(hardware)
+    default_chunk, default_seqs = vllm_defaults(hardware, version=c.vllm_version)
     throughput = 0
     if c.prefer == "throughput":
         rate = _tokens_per_s(cand, spec, hardware, c) if tokens_per_s is None else tokens_per_s

@@ -137,7 +137,7 @@ def _utilization(c: Constraints) -> float:
 def default_settings(spec: ModelSpec, hardware: Hardware, c: Constraints) -> EngineSettings:
     """vLLM's defaults for this hardware, with the plan's fixed inputs (utilization, a KV
     budget, a cap on the context) and the max_num_seqs vLLM would take written out."""
-    _, seqs = vllm_defaults(hardware)
+    _, seqs = vllm_defaults(hardware, version=c.vllm_version)
     trained = spec.max_position_embeddings
     return EngineSettings(
         gpu_memory_utilization=_utilization(c),
@@ -173,7 +173,7 @@ def candidates(spec: ModelSpec, hardware: Hardware, c: Constraints) -> Iterator[
     """Every configuration on the lever grid that fits at least the hard floor; a lever the
     user set (``max_num_seqs``, ``quantization``, ``enforce_eager``) stays where it was set."""
     cap = c.context_cap(spec.max_position_embeddings)
-    default_chunk, default_seqs = vllm_defaults(hardware)
+    default_chunk, default_seqs = vllm_defaults(hardware, version=c.vllm_version)
     seq_steps = sorted({s for s in (default_seqs, *SEQ_STEPS) if s <= default_seqs}, reverse=True)
     eager_options = [False, True] if not hardware.is_cpu and c.engine == "vllm" else [False]
     chunks: list[int | None] = [None]
