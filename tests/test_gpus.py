@@ -31,6 +31,10 @@ from oominfer.hardware.gpu import GpuSpec, catalog, find_gpu
         ("NVIDIA GeForce RTX 4090", "RTX-4090"),
         ("rtx4090", "RTX-4090"),
         ("  b200  ", "B200-180GB"),
+        # The same words in another order.
+        ("A100-80GB-SXM", "A100-SXM-80GB"),
+        ("NVIDIA 80GB A100 PCIe", "A100-PCIE-80GB"),
+        ("Blackwell RTX PRO 6000 Server Edition", "RTX-PRO-6000-Blackwell-Server"),
     ],
 )
 def test_find_gpu(name: str, expected: str) -> None:

@@ -135,13 +135,36 @@ def catalog() -> tuple[GpuSpec, ...]:
     return tuple(_from_entry(e) for e in _entries())
 
 
+def _names(entry: dict[str, Any]) -> list[str]:
+    """What a catalog row answers to: its name, aliases, marketing name and product label."""
+    names = [entry["name"], *entry.get("aliases", [])]
+    return names + [n for n in (entry.get("marketing_name"), entry.get("product_label")) if n]
+
+
+def _words(name: str) -> str:
+    """The words of a name in sorted order, without vendor words: 'A100 80GB SXM' and
+    'A100-SXM-80GB' -> '80gb a100 sxm'."""
+    words = re.split(r"[^a-z0-9]+", name.lower())
+    return " ".join(sorted(w for w in words if w and w not in ("nvidia", "geforce", "tesla")))
+
+
+@functools.cache
+def _word_index() -> dict[str, GpuSpec]:
+    """Every catalog name and alias by ``_words``, where those words name one GPU only."""
+    found: dict[str, set[str]] = {}
+    gpus: dict[str, GpuSpec] = {}
+    for entry, gpu in zip(_entries(), catalog(), strict=True):
+        for alias in _names(entry):
+            found.setdefault(_words(alias), set()).add(gpu.name)
+            gpus[_words(alias)] = gpu
+    return {words: gpus[words] for words, kinds in found.items() if len(kinds) == 1}
+
+
 @functools.cache
 def _index() -> dict[str, GpuSpec]:
     index: dict[str, GpuSpec] = {}
     for entry, gpu in zip(_entries(), catalog(), strict=True):
-        names = [entry["name"], *entry.get("aliases", [])]
-        names += [n for n in (entry.get("marketing_name"), entry.get("product_label")) if n]
-        for alias in names:
+        for alias in _names(entry):
             index.setdefault(_normalise(alias), gpu)
     return index
 
@@ -156,6 +179,8 @@ def find_gpu(name: str) -> GpuSpec:
     index = _index()
     if key in index:
         return index[key]
+    if (by_words := _word_index().get(_words(name))) is not None:
+        return by_words  # the same words in another order: 'A100-80GB-SXM'
     close = difflib.get_close_matches(key, index, n=6, cutoff=0.5)
     suggestions = list(dict.fromkeys(index[c].name for c in close))[:3]
     hint = "Pass --gpu-memory 24GiB for a GPU that is not in the list (see `oominfer gpus`)."
