@@ -300,6 +300,20 @@ def test_blackwell_captures_graphs_up_to_1024() -> None:
     assert attention.capture_sizes(256, 2048) == 3 + 31 + 17
 
 
+def test_old_capture_lists_follow_max_num_seqs_from_0_10() -> None:
+    """0.8-0.9 captured [1, 2, 4] + multiples of 8 up to 512 whatever max_num_seqs was; from
+    0.10 SchedulerConfig's default cuda_graph_sizes is [min(2 x max_num_seqs, 512)]. A 0.11.0
+    log of 35 PIECEWISE + 19 FULL graphs is max_num_seqs 128: sizes up to 256, and FULL decode
+    graphs up to 128."""
+    v09, v011 = EngineVersion.parse("0.9.2"), EngineVersion.parse("0.11.0")
+    assert attention.graph_counts(v011, 128, 2048) == (35, 19)
+    assert attention.graph_counts(v011, 256, 2048) == (67, 35)
+    assert attention.graph_counts(v011, 1024, 16384) == (67, 67)
+    assert attention.graph_counts(v09, 128, 2048) == (67, 0)
+    # max_num_batched_tokens still caps the list: 1, 2, 4, 8, 16, 24, 32.
+    assert attention.graph_counts(v011, 256, 32) == (7, 7)
+
+
 def test_speculative_decoding_widens_and_rounds_the_capture_sizes() -> None:
     """vllm/config/vllm.py: the top is 2 x max_num_seqs x (1 + drafted tokens); with FULL
     decode graphs the V1 runner rounds the sizes up to multiples of that query length

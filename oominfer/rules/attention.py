@@ -143,8 +143,10 @@ def graph_counts(
     FULL=35 (largest=256)":
 
     - V0: one graph per size of [1, 2, 4, 8, ..., 256] up to max_num_seqs, no FULL kind.
-    - 0.8-0.11: PIECEWISE graphs for [1, 2, 4, 8, 16, ..., 512] (67 sizes) whatever
-      max_num_seqs is (capped only by max_num_batched_tokens); from 0.11 (FULL_AND_PIECEWISE
+    - 0.8-0.11: PIECEWISE graphs for [1, 2, 4, 8, 16, ..., 512] (67 sizes), capped by
+      max_num_batched_tokens and, from 0.10, by 2 x max_num_seqs (SchedulerConfig's default
+      ``cuda_graph_sizes`` = [min(2 x max_num_seqs, 512)]; 0.8-0.9 took [512] whatever
+      max_num_seqs was; gpt-oss pins its own list); from 0.11 (FULL_AND_PIECEWISE
       by default) FULL decode graphs for those sizes up to max_num_seqs too, and from
       0.10.2 for models with recurrent-state layers (``recurrent``;
       ``EngineVersion.hybrid_full_graphs``).
@@ -168,9 +170,12 @@ def graph_counts(
             sizes = _stepped_list(min(top, max_num_batched_tokens))
             full = len([s for s in sizes if s <= max_num_seqs]) if with_full else 0
             return len(sizes), full
-        piecewise = len(_old_list(min(largest, max_num_batched_tokens)))
-        full = len(_old_list(min(largest, max_num_seqs))) if with_full else 0
-        return piecewise, full
+        top = min(largest, max_num_batched_tokens)
+        if version.release >= (0, 10):
+            top = min(top, 2 * max_num_seqs)
+        sizes = _old_list(top)
+        full = len([s for s in sizes if s <= max_num_seqs]) if with_full else 0
+        return len(sizes), full
     q = max(1, decode_query_len)
     sizes = capture_size_list(
         max_num_seqs, max_num_batched_tokens, largest=largest, decode_query_len=q, pinned=pinned
