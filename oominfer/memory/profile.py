@@ -10,7 +10,7 @@ from oominfer.hardware.gpu import GpuSpec
 from oominfer.hardware.hardware import Hardware
 from oominfer.model.spec import ModelSpec
 from oominfer.rules.attention import graph_counts
-from oominfer.rules.versions import LATEST_VLLM, EngineVersion
+from oominfer.rules.versions import EngineVersion
 
 # Memory the engine holds after profiling beyond weights and activations: cuBLAS and
 # attention workspaces, persistent input and sampler buffers; with tensor parallelism the
@@ -176,10 +176,10 @@ CPU_RUNTIME_BYTES: Final = 2 * GiB
 
 
 def vllm_defaults(
-    hardware: Hardware, *, world_size: int = 1, version: EngineVersion | None = None
+    hardware: Hardware, *, version: EngineVersion, world_size: int = 1
 ) -> tuple[int, int]:
     """vLLM's (max_num_batched_tokens, max_num_seqs) for its OpenAI server on this device,
-    under ``version`` (default: ``LATEST_VLLM``).
+    under ``version``.
 
     vllm/engine/arg_utils.py ``_get_default_max_num_seqs_and_batched_tokens``, read in each
     release: >= 160 GiB: (16384, 1024), a tier added in 0.28 (B200 and B300 had the next one
@@ -188,7 +188,7 @@ def vllm_defaults(
     memory query failed on the GB10 (compute capability 12.1) and the tiers saw 0 bytes (GB10
     logs of 0.13 and 0.18 print max_num_batched_tokens=2048): the small tier either way.
     """
-    release = (version or LATEST_VLLM).release
+    release = version.release
     gpu = hardware.gpu
     if hardware.is_cpu:
         return 2048 * world_size, 128 * world_size
