@@ -75,6 +75,10 @@ SAME_ARCHITECTURE: dict[str, str] = {
     # layers x 2048, 512 experts, vocab 151936) and the BF16 format.
     "Qwen3-Next-80B-A3B (variant not named": "Qwen/Qwen3-Next-80B-A3B-Thinking",
     "Qwen/Qwen3-Next-80B-A3B-Instruct": "Qwen/Qwen3-Next-80B-A3B-Thinking",
+    # A fine-tune of Qwen3-VL-30B-A3B ('qwen-custom'): the log resolves the same
+    # Qwen3VLMoeForConditionalGeneration in bf16 (48 x 2048 layers, 4 KV heads, 128 experts,
+    # by its 98,304 B a token), the shapes of the Instruct checkpoint.
+    "unnamed Qwen3-VL-30B-A3B derivative": "Qwen/Qwen3-VL-30B-A3B-Instruct",
 }
 
 

@@ -39,13 +39,15 @@ def test_every_point_is_replayed(replayed: tuple[list[dict[str, Any]], dict[str,
     # (c08, c09) is in the catalog; c21 runs as Qwen3-Next-80B-A3B-Thinking
     # (SAME_ARCHITECTURE), its MTP drafter's weights in "Model loading took"; n13
     # (Mistral-Small-3.2) as Mistral-Small-3.1, the same Mistral3 architecture; c14's
-    # granite-3.3-2b-instruct is in the catalog (reconstructed from its public shapes).
-    assert len([r for r in rows if "skip" in r]) == 8
+    # granite-3.3-2b-instruct is in the catalog (reconstructed from its public shapes); n15
+    # names Qwen3-VL-30B-A3B-Instruct, in the catalog, and n16 runs as it (SAME_ARCHITECTURE,
+    # a fine-tune of the same Qwen3VLMoeForConditionalGeneration).
+    assert len([r for r in rows if "skip" in r]) == 6
     # A point that stops producing a comparison would loosen the medians unseen. (c10 ran
     # on a vGPU slice of an A100 whose total vLLM did not print: no KV or verdict there.)
-    assert (s["weights_points"], s["kv_v1_points"], s["kv_all_points"]) == (31, 15, 23)
-    assert len(s["kv_per_token_exact"]) == 16
-    assert len(s["verdicts"]) == 23
+    assert (s["weights_points"], s["kv_v1_points"], s["kv_all_points"]) == (33, 17, 25)
+    assert len(s["kv_per_token_exact"]) == 18
+    assert len(s["verdicts"]) == 25
 
 
 def test_weights_within_half_a_percent(
@@ -59,7 +61,7 @@ def test_kv_cache_bytes_within_two_percent_on_v1(
     replayed: tuple[list[dict[str, Any]], dict[str, Any]],
 ) -> None:
     _, s = replayed
-    assert s["kv_v1_median"] <= 0.02, s["kv_v1_median"]  # today 1.1%
+    assert s["kv_v1_median"] <= 0.02, s["kv_v1_median"]  # today 1.6%
     # Today 4.7% with the V0-era points too: a bare 0.11.0 is taken as a pip install, which
     # holds more than the image n13 and c16 ran (rules/versions.py DEFAULT_INSTALL).
     assert s["kv_all_median"] <= 0.05, s["kv_all_median"]
@@ -86,9 +88,10 @@ def test_kv_bytes_per_token_exact_and_every_verdict_right(
         r["id"] for r in rows if r.get("kv_per_token_exact") is False
     ]
     # c16 is an xfail of test_calibration_logs (a GPU shared with a foreign process and a
-    # graph pool six times the fitted one).
+    # graph pool six times the fitted one); so is n15 (0.11's Qwen3-VL video profile: an
+    # encoder cache padded to its 153,600-token budget that the model does not count).
     wrong = [r["id"] for r in rows if r.get("verdict_ok") is False]
-    assert wrong == ["c16"], wrong
+    assert wrong == ["n15", "c16"], wrong
 
 
 @pytest.mark.skipif(not SHARED.is_file(), reason="no ../shared/calibration beside the checkout")

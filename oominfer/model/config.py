@@ -195,6 +195,8 @@ _MTP_LAYERS_UNSTATED: Final[dict[str, int]] = {"qwen3_next": 1}
 
 
 # Qwen2-VL's image processor: max_pixels 12,845,056 / (14 x 14 patches) / (2 x 2 merge).
+# Qwen3-VL's (preprocessor_config.json size.longest_edge 16,777,216 pixels, 16 x 16 patches,
+# merge 2 x 2) comes to the same 16,384.
 _DYNAMIC_RESOLUTION_TOKENS = 12_845_056 // (14 * 14) // 4
 
 
@@ -216,7 +218,13 @@ def _rotary_dim(cfg: Mapping[str, Any], head_dim: int, rope_dim: int | None) -> 
 
 # Checkpoints whose vLLM processing (vllm/model_executor/models/qwen2_vl.py
 # ``Qwen2VLProcessingInfo``, which Qwen2.5-VL's reuses) profiles a dummy video of frames at
-# the image processor's largest size.
+# the image processor's largest size. Not Qwen3-VL (qwen3_vl.py ``Qwen3VLProcessingInfo``):
+# its video processor caps the pixels of all frames together (size.longest_edge 25,165,824),
+# so a video is at most 12,288 embeddings, fewer than an image's 16,384, and 0.13 profiles
+# an image. 0.11.0 (not 0.13.0; the releases between are not read) counted the video as
+# 12.5 tokens an embedding (the timestamp text, ``get_max_video_tokens``: a 153,600-token
+# budget) and padded the profiled encoder output to that budget (gpu_model_runner.py
+# ``profile_run``); that is not modelled.
 _VIDEO_MODEL_TYPES: Final = ("qwen2_vl", "qwen2_5_vl")
 
 

@@ -137,8 +137,11 @@ def vision_params(r: ConfigReader, *, text_hidden: int) -> int:
     MLP of towers with a ``silu`` activation: Qwen2.5-VL, Pixtral), their biases and two
     norms; the patch embedding (channels x temporal x patch^2 x h), the position table and
     the projector to the language model (h x text hidden; with a spatial merge of m x m
-    patches, Qwen-VL's merger: (m^2 h)^2 + m^2 h x out). Towers with extra blocks (mllama's
-    global layers, Llama-4's adapter) are counted by this common part only.
+    patches, Qwen-VL's merger: (m^2 h)^2 + m^2 h x out). Qwen3-VL adds one more merger per
+    ``deepstack_visual_indexes`` entry, each with its own norm over the m^2 h merged features
+    and biased linears (vllm/model_executor/models/qwen3_vl.py ``deepstack_merger_list``,
+    ``use_postshuffle_norm=True``). Towers with extra blocks (mllama's global layers,
+    Llama-4's adapter) are counted by this common part only.
     """
     v = r.section("vision_config")
     if v is None:
@@ -160,7 +163,10 @@ def vision_params(r: ConfigReader, *, text_hidden: int) -> int:
     merged = merge * merge * hidden
     projector = merged * merged + merged * out if merge > 1 else hidden * out
     embed = channels * temporal * patch * patch * hidden + positions * hidden
-    return layers * per_layer + embed + 2 * hidden + projector
+    deepstack = len(v.integers("deepstack_visual_indexes")) * (
+        2 * merged + merged * merged + merged + merged * out + out
+    )
+    return layers * per_layer + embed + 2 * hidden + projector + deepstack
 
 
 def spatial_merge(cfg: Mapping[str, Any]) -> int:
