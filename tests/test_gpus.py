@@ -52,7 +52,7 @@ def test_find_gpu_by_every_catalog_name_and_label() -> None:
     [
         ("H1000", "H100-SXM-80GB"),
         ("rtx 4090 ti", "RTX-4090"),
-        ("B300", "B200-180GB"),
+        ("GB300", "GB200-185GB"),
         ("A100-96GB", "A100-SXM-80GB"),
     ],
 )
