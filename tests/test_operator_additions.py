@@ -264,6 +264,28 @@ def test_the_encoder_cache_and_limits_of_zero() -> None:
     assert encoder_items(text, EngineSettings(), tokens=2048, seqs=256, max_len=8192) == 0
 
 
+def test_vllm_0_11_pads_each_profiled_encoder_output_to_the_budget() -> None:
+    """0.11's profile_run zero-pads every dummy encoder output shorter than the encoder budget
+    to the whole budget (gpu_model_runner.py ``new_zeros((encoder_budget, hidden))``): Gemma
+    3 27B on an H100 at 2,048 batched tokens profiles 8 images of 256 tokens, cached as 8 x
+    2,048 rows of 5,376 in 2 bytes instead of 8 x 256; 0.10 and 0.12 cache them unpadded,
+    and the KV cache is smaller by the difference."""
+    spec = load_spec("google/gemma-3-27b-it")
+    h100 = Hardware.from_gpu("H100-SXM-80GB", 1)
+    s = EngineSettings(max_model_len=8192, max_num_batched_tokens=2048)
+    b = {v: estimate(spec, hardware=h100, settings=s, version=EngineVersion.parse(v))
+         for v in ("0.10.2", "0.11.0", "0.12.0")}  # fmt: skip
+    assert b["0.11.0"].additions.multimodal_bytes == 8 * 2048 * 5376 * 2
+    assert b["0.10.2"].additions.multimodal_bytes == 8 * 256 * 5376 * 2
+    assert b["0.12.0"].additions.multimodal_bytes == 8 * 256 * 5376 * 2
+    assert b["0.11.0"].kv_cache_bytes < b["0.12.0"].kv_cache_bytes
+    # An item as long as the budget (Qwen2.5-VL's 16,384-token image) is not padded.
+    qwen = load_spec("Qwen/Qwen2.5-VL-7B-Instruct")
+    assert multimodal_bytes(
+        qwen, dtype="bfloat16", items=1, per_item=16_384, padded_to=16_384
+    ) == multimodal_bytes(qwen, dtype="bfloat16", items=1, per_item=16_384)
+
+
 def test_the_vision_towers_forward_is_the_profiling_peak_where_it_is_larger() -> None:
     """Qwen2.5-VL-7B on an L4 at vLLM 0.9 (calibration log c08): one image of 16,384 tokens
     is 65,536 patches through a SwiGLU tower 1280 wide with an MLP of 3420: per patch 4 x

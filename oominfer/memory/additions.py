@@ -307,12 +307,15 @@ def encoder_items(
     return max(1, min(max(tokens, per_item) // per_item, seqs * per_prompt))
 
 
-def multimodal_bytes(spec: ModelSpec, *, dtype: str, items: int, per_item: int) -> int:
+def multimodal_bytes(
+    spec: ModelSpec, *, dtype: str, items: int, per_item: int, padded_to: int = 0
+) -> int:
     """The encoder cache the profiling run fills on one GPU: the dummy batch's embeddings,
     ``items`` x the largest item's ``per_item`` tokens x the language model's hidden size,
     alive through the text model's dummy forward (v1/worker/gpu_model_runner.py
-    ``profile_run``)."""
-    return items * per_item * spec.hidden_size * dtype_bytes(dtype)
+    ``profile_run``). ``padded_to``: the rows each item is zero-padded to where the release
+    pads them (``EngineVersion.encoder_outputs_padded``: the encoder budget), 0 where not."""
+    return items * max(per_item, padded_to) * spec.hidden_size * dtype_bytes(dtype)
 
 
 ENCODER_HIDDEN_TEMPORARIES: Final = 4

@@ -396,7 +396,14 @@ def _additions(
         ),
         lora_bytes=lora_slot_bytes(spec, s, dtype=dtype, tokens=batched),
         lora_cpu_cache_bytes=lora_cpu_cache_bytes(spec, s, dtype=dtype),
-        multimodal_bytes=multimodal_bytes(spec, dtype=dtype, items=items, per_item=per_item),
+        multimodal_bytes=multimodal_bytes(
+            spec,
+            dtype=dtype,
+            items=items,
+            per_item=per_item,
+            # The encoder budget (memory/additions.py ``encoder_items``).
+            padded_to=max(batched, per_item) if version.encoder_outputs_padded else 0,
+        ),
         encoder_items=items,
         encoder_modality=modality,
         vision_tower_bytes=vision_tower_bytes(spec, s, dtype=dtype),
