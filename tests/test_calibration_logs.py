@@ -130,17 +130,6 @@ XFAIL: dict[tuple[str, str], str] = {
         "fp8.py), as c01/c02 (the same deployment on 0.20, TRITON forced) ran, within 10%"
         for log, part in (("g11-06", "kv_cache"), ("g11-07", "kv_cache"), ("g11-07", "verdict"))
     },
-    **{
-        ("n15", part): "Qwen3-VL-30B-A3B under 0.11.0 profiles one dummy video whose budget is "
-        "its 12,288 embeddings x 12.5 for the timestamp text (qwen3_vl.py get_max_video_tokens: "
-        "153,600 tokens), and 0.11's profile_run zero-pads each encoder output to that budget "
-        "(gpu_model_runner.py: new_zeros((encoder_budget, width))) at the tower's deepstack "
-        "width, 4 x 2048: 2.34 GiB held through the text forward that the model, which "
-        "profiles one 16,384-token image 2048 wide (64 MiB), does not count: 4.67 GiB "
-        "estimated vs 2.31, and with the activation short the graphs (1.96 GiB estimated, 1.92 "
-        "logged) look 0.20 GiB short of the card after the KV cache where vLLM started"
-        for part in ("kv_cache", "verdict")
-    },
     ("g3-08", "verdict"): "a desktop RTX 3090: the same flags started in April (g3-06), then "
     "the sampler's warm-up after the KV cache ran out with 1.46 GiB of the card held by "
     "other processes its OOM message does not list",

@@ -22,6 +22,7 @@ from oominfer.hardware.hardware import Hardware
 from oominfer.memory.additions import (
     encoder_forward_bytes,
     encoder_items,
+    item_rows,
     lora_slot_bytes,
     multimodal_bytes,
     profiled_item,
@@ -284,6 +285,36 @@ def test_vllm_0_11_pads_each_profiled_encoder_output_to_the_budget() -> None:
     assert multimodal_bytes(
         qwen, dtype="bfloat16", items=1, per_item=16_384, padded_to=16_384
     ) == multimodal_bytes(qwen, dtype="bfloat16", items=1, per_item=16_384)
+
+
+def test_qwen3_vl_profiles_a_timestamped_video_in_0_11_and_0_12_and_an_image_from_0_13() -> None:
+    """Qwen3-VL-30B-A3B's largest video is 25,165,824 pixels of all frames together: 12,288
+    embeddings (16 x 16 patches, 2 x 2 merge, 2 frames a group), fewer than an image's
+    16,384. 0.11-0.12 count each as 12.5 tokens (timestamps): 153,600, the budget calibration
+    log n15 prints for "1 video items", so the video is profiled; the cache pads those
+    12,288 rows of 4 x 2,048 (merger and three deepstack outputs) to 153,600 (2.34 GiB) and
+    is freed before the graphs are captured. From 0.13 one 16,384-token image is."""
+    spec = load_spec("Qwen/Qwen3-VL-30B-A3B-Instruct")
+    tower = spec.vision_encoder
+    assert tower is not None and tower.video_tokens == 12_288 and tower.output_width == 8192
+    v11, v13 = EngineVersion.parse("0.11.0"), EngineVersion.parse("0.13.0")
+    s = EngineSettings()
+    assert profiled_item(spec, s, max_len=65536, version=v11) == ("video", 153_600)
+    assert profiled_item(spec, s, max_len=65536, version=v13) == ("image", 16_384)
+    assert item_rows(spec, "video", 153_600) == 12_288
+    hw = Hardware.from_gpu("RTX-3090", 4)
+
+    def at(version: EngineVersion) -> MemoryBreakdown:
+        settings = EngineSettings(tensor_parallel_size=4, max_model_len=65536)
+        return estimate(spec, hardware=hw, settings=settings, version=version)
+
+    b11, b13 = at(v11), at(v13)
+    assert b11.additions.encoder_modality == "video" and b11.additions.encoder_items == 1
+    assert b11.additions.multimodal_bytes == 153_600 * 8192 * 2
+    assert b13.additions.encoder_modality == "image"
+    assert b13.additions.multimodal_bytes == 16_384 * 8192 * 2
+    # The freed cache leaves room for the 0.11 graphs captured above the budget (n15 started).
+    assert b11.post_capture_short_bytes == 0
 
 
 def test_the_vision_towers_forward_is_the_profiling_peak_where_it_is_larger() -> None:

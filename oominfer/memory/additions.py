@@ -264,7 +264,14 @@ MAX_FRAMES_PER_VIDEO: Final = 14
 frames."""
 
 
-def profiled_item(spec: ModelSpec, s: EngineSettings, *, max_len: int) -> tuple[str, int]:
+QWEN3_VL_VIDEO_TOKENS_PER_EMBEDDING: Final = 12.5
+"""vllm/model_executor/models/qwen3_vl.py ``get_max_video_tokens`` (0.11-0.12): each video
+embedding counted with the timestamp text around it."""
+
+
+def profiled_item(
+    spec: ModelSpec, s: EngineSettings, *, max_len: int, version: EngineVersion | None = None
+) -> tuple[str, int]:
     """The modality of the item vLLM's profiling run encodes, and that item's tokens: of the
     modalities a prompt may carry, the one whose largest item has the most tokens
     (vllm/multimodal/encoder_budget.py ``get_modality_with_max_tokens``; image on a tie).
@@ -273,8 +280,21 @@ def profiled_item(spec: ModelSpec, s: EngineSettings, *, max_len: int) -> tuple[
     the image processor's largest size as fit in ``max_len`` tokens, up to
     MAX_FRAMES_PER_VIDEO, each ``video_frames_per_group`` frames one image's tokens: 114,688
     tokens at Qwen2.5-VL's 128k context, seven times an image (a vLLM 0.23 log profiles
-    "1 video items" against a 114,688-token budget)."""
+    "1 video items" against a 114,688-token budget).
+
+    Qwen3-VL's largest video is ``VisionEncoder.video_tokens`` embeddings, fewer than an
+    image's, but 0.11-0.12 count each as QWEN3_VL_VIDEO_TOKENS_PER_EMBEDDING tokens
+    (``EngineVersion.video_timestamp_tokens``): 153,600 for Qwen3-VL-30B-A3B, the budget a
+    0.11 log prints for "1 video items"; 0.13 profiles an image."""
     per_image = spec.mm_tokens_per_item
+    tower = spec.vision_encoder
+    if tower and tower.video_tokens and item_limit(s.mm_limits, "video"):
+        video = tower.video_tokens
+        if version is not None and version.video_timestamp_tokens:
+            video = int(video * QWEN3_VL_VIDEO_TOKENS_PER_EMBEDDING)
+        if video > per_image or not item_limit(s.mm_limits, "image"):
+            return "video", video
+        return "image", per_image
     group = spec.video_frames_per_group
     if not (per_image and group and item_limit(s.mm_limits, "video")):
         return "image", per_image
@@ -286,7 +306,13 @@ def profiled_item(spec: ModelSpec, s: EngineSettings, *, max_len: int) -> tuple[
 
 
 def encoder_items(
-    spec: ModelSpec, s: EngineSettings, *, tokens: int, seqs: int, max_len: int
+    spec: ModelSpec,
+    s: EngineSettings,
+    *,
+    tokens: int,
+    seqs: int,
+    max_len: int,
+    version: EngineVersion | None = None,
 ) -> int:
     """Items in the profiling run's dummy encoder batch (0: no encoder to profile), of the
     modality ``profiled_item`` picks.
@@ -299,7 +325,7 @@ def encoder_items(
     """
     if not spec.mm_tokens_per_item or mm_item_count(spec, s.mm_limits) == 0:
         return 0
-    modality, per_item = profiled_item(spec, s, max_len=max_len)
+    modality, per_item = profiled_item(spec, s, max_len=max_len, version=version)
     limit = item_limit(s.mm_limits, modality)
     if limit == 0:  # only another modality's items (audio): their tower is not modelled
         return 0
@@ -307,15 +333,27 @@ def encoder_items(
     return max(1, min(max(tokens, per_item) // per_item, seqs * per_prompt))
 
 
+def item_rows(spec: ModelSpec, modality: str, tokens: int) -> int:
+    """Embeddings the tower outputs for the profiled item of ``tokens`` tokens: as many,
+    but for Qwen3-VL's video, counted in more tokens than it has (``profiled_item``)."""
+    tower = spec.vision_encoder
+    if modality == "video" and tower is not None and tower.video_tokens:
+        return min(tower.video_tokens, tokens)
+    return tokens
+
+
 def multimodal_bytes(
     spec: ModelSpec, *, dtype: str, items: int, per_item: int, padded_to: int = 0
 ) -> int:
     """The encoder cache the profiling run fills on one GPU: the dummy batch's embeddings,
-    ``items`` x the largest item's ``per_item`` tokens x the language model's hidden size,
-    alive through the text model's dummy forward (v1/worker/gpu_model_runner.py
-    ``profile_run``). ``padded_to``: the rows each item is zero-padded to where the release
-    pads them (``EngineVersion.encoder_outputs_padded``: the encoder budget), 0 where not."""
-    return items * max(per_item, padded_to) * spec.hidden_size * dtype_bytes(dtype)
+    ``items`` x the largest item's ``per_item`` rows (``item_rows``) x the tower's output
+    width (``VisionEncoder.output_width``, else the language model's hidden size), alive
+    through the text model's dummy forward (v1/worker/gpu_model_runner.py ``profile_run``).
+    ``padded_to``: the rows each item is zero-padded to where the release pads them
+    (``EngineVersion.encoder_outputs_padded``), 0 where not."""
+    tower = spec.vision_encoder
+    width = (tower.output_width if tower else 0) or spec.hidden_size
+    return items * max(per_item, padded_to) * width * dtype_bytes(dtype)
 
 
 ENCODER_HIDDEN_TEMPORARIES: Final = 4

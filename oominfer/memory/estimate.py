@@ -30,6 +30,7 @@ from oominfer.memory.additions import (
     encoder_items,
     expert_share,
     expert_slices,
+    item_rows,
     lora_cpu_cache_bytes,
     lora_slot_bytes,
     multimodal_bytes,
@@ -170,8 +171,8 @@ def estimate(
     startup_short = 0
     if device == "cuda" and version.v1:
         startup_short = max(0, budget - startup_free_bytes(gpu, tp, version))
-    items = encoder_items(spec, s, tokens=batched, seqs=seqs, max_len=max_len)
-    modality, per_item = profiled_item(spec, s, max_len=max_len)
+    items = encoder_items(spec, s, tokens=batched, seqs=seqs, max_len=max_len, version=version)
+    modality, per_item = profiled_item(spec, s, max_len=max_len, version=version)
     proposer, extra = _additions(
         spec, s, dtype=dtype, kv_elem=kv_elem, batched=batched, items=items, version=version,
         modality=modality, per_item=per_item,
@@ -191,7 +192,8 @@ def estimate(
     # The vision tower's forward over the dummy images runs first; its output, the encoder
     # cache, then stays alive through the text forward and the sampler: the peak is the
     # larger of the tower's and (cache + the text model's).
-    tower = encoder_forward_bytes(spec, dtype=dtype, items=items, per_item=per_item, tp=tp)
+    rows = item_rows(spec, modality, per_item)
+    tower = encoder_forward_bytes(spec, dtype=dtype, items=items, per_item=rows, tp=tp)
     activation = max(activation, tower - extra.multimodal_bytes)
     if device == "cuda" and version.sampler_warmup_pass:
         # 0.33's second dummy sampler pass copies the logits to fp32 (at least that much).
@@ -288,7 +290,9 @@ def estimate(
                 after_capture = post_capture_short(
                     total=gpu.cuda_total_bytes,
                     budget=budget,
-                    activation=activation,
+                    # The profiling run frees its peak and the encoder cache it filled
+                    # (gpu_model_runner.py ``profile_run``: ``encoder_cache.clear()``).
+                    activation=activation + added.multimodal_bytes,
                     graphs=graphs,
                     sampler=sampler_bytes(
                         spec,
@@ -364,6 +368,17 @@ def estimate(
     return min(seen.values(), key=lambda b: (b.usable_blocks, b.kv_cache_bytes))
 
 
+def _padded_rows(version: EngineVersion, *, batched: int, per_item: int) -> int:
+    """The rows the profiling run pads each dummy encoder output to
+    (``EngineVersion.encoder_outputs_padded``): the encoder budget, max(max_num_batched_tokens,
+    the item's tokens) (memory/additions.py ``encoder_items``), or the item's tokens."""
+    if version.encoder_outputs_padded == "budget":
+        return max(batched, per_item)
+    if version.encoder_outputs_padded == "item":
+        return per_item
+    return 0
+
+
 def _additions(
     spec: ModelSpec,
     s: EngineSettings,
@@ -400,9 +415,8 @@ def _additions(
             spec,
             dtype=dtype,
             items=items,
-            per_item=per_item,
-            # The encoder budget (memory/additions.py ``encoder_items``).
-            padded_to=max(batched, per_item) if version.encoder_outputs_padded else 0,
+            per_item=item_rows(spec, modality, per_item),
+            padded_to=_padded_rows(version, batched=batched, per_item=per_item),
         ),
         encoder_items=items,
         encoder_modality=modality,

@@ -220,11 +220,9 @@ def _rotary_dim(cfg: Mapping[str, Any], head_dim: int, rope_dim: int | None) -> 
 # ``Qwen2VLProcessingInfo``, which Qwen2.5-VL's reuses) profiles a dummy video of frames at
 # the image processor's largest size. Not Qwen3-VL (qwen3_vl.py ``Qwen3VLProcessingInfo``):
 # its video processor caps the pixels of all frames together (size.longest_edge 25,165,824),
-# so a video is at most 12,288 embeddings, fewer than an image's 16,384, and 0.13 profiles
-# an image. 0.11.0 (not 0.13.0; the releases between are not read) counted the video as
-# 12.5 tokens an embedding (the timestamp text, ``get_max_video_tokens``: a 153,600-token
-# budget) and padded the profiled encoder output to that budget (gpu_model_runner.py
-# ``profile_run``); that is not modelled.
+# so a video is at most 12,288 embeddings (``VisionEncoder.video_tokens``), fewer than an
+# image's 16,384, and 0.13 profiles an image; 0.11-0.12 count 12.5 tokens an embedding
+# (memory/additions.py ``profiled_item``) and profile the video.
 _VIDEO_MODEL_TYPES: Final = ("qwen2_vl", "qwen2_5_vl")
 
 

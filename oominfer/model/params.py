@@ -199,13 +199,29 @@ def vision_encoder(r: ConfigReader) -> VisionEncoder | None:
     merge = spatial_merge(r.cfg)
     positions = (image // patch) ** 2 // pooled if image and pooled else merge * merge
     channels = v.integer("num_channels", "in_channels", "in_chans", default=3)
+    temporal = v.integer("temporal_patch_size", default=1)
+    deepstack = len(v.integers("deepstack_visual_indexes"))
+    out = v.integer("out_hidden_size", default=0)
+    video = 0
+    if v.cfg.get("model_type") in QWEN3_VL_TOWERS:
+        video = QWEN3_VL_VIDEO_PIXELS // (patch * patch * merge * merge * max(temporal, 1))
     return VisionEncoder(
         hidden_size=hidden,
         intermediate_size=v.integer("intermediate_size", default=4 * hidden),
         gated=vision_gated(v.cfg),
-        patch_elements=channels * v.integer("temporal_patch_size", default=1) * patch * patch,
+        patch_elements=channels * temporal * patch * patch,
         patches_per_token=max(1, positions),
+        output_width=out * (1 + deepstack) if deepstack and out else 0,
+        video_tokens=video,
     )
+
+
+QWEN3_VL_TOWERS: Final = ("qwen3_vl", "qwen3_vl_moe")
+"""``vision_config.model_type`` of Qwen3-VL's towers (dense and MoE checkpoints)."""
+QWEN3_VL_VIDEO_PIXELS: Final = 25_165_824
+"""Qwen3-VL's video processor: ``size.longest_edge``, the pixels of all of a video's frames
+together (video_preprocessor_config.json; vllm/model_executor/models/qwen3_vl.py
+``get_num_video_tokens`` resizes with it)."""
 
 
 def _dense_layers(r: ConfigReader, layers: int, n_experts: int) -> set[int]:

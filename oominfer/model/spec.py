@@ -85,6 +85,15 @@ class VisionEncoder:
     patches_per_token: int
     """ViT positions behind one language-model token: the spatial merge (Qwen-VL,
     Pixtral: 2 x 2) or the pooling (Gemma 3: 4,096 patches to 256 tokens); 1 for LLaVA."""
+    output_width: int = 0
+    """Columns of each embedding the tower hands over, where they are not the language
+    model's hidden size (0): Qwen3-VL's merger output and one more per
+    ``deepstack_visual_indexes`` entry, side by side (4 x 2,048 for Qwen3-VL-30B-A3B)."""
+    video_tokens: int = 0
+    """Embeddings of the largest video, for towers whose video processor caps the pixels of
+    all frames together (Qwen3-VL: ``size.longest_edge`` 25,165,824 of
+    video_preprocessor_config.json, 12,288 embeddings at 16 x 16 patches, 2 x 2 merge and 2
+    frames a group); 0 where no such video is modelled."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

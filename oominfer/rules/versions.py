@@ -29,6 +29,7 @@ def release_of(version: str) -> tuple[int, int] | None:
 
 
 HopperMxfp4 = Literal["marlin", "triton", "triton_swizzled"]
+EncoderPadding = Literal["budget", "item"] | None
 Install = Literal["image", "pip"]
 
 _PIP = re.compile(
@@ -96,13 +97,19 @@ class EngineVersion:
     """Models with recurrent-state layers (Mamba, Gated DeltaNet) capture FULL decode graphs
     besides the PIECEWISE ones from 0.10.2 (PR #22594, "Enable Full CUDA graph by default
     for hybrid models"), a release before every other model (0.11, PR #25444)."""
-    encoder_outputs_padded: bool = False
-    """0.11: the profiling run zero-pads every dummy encoder output shorter than the encoder
-    budget to the whole budget before caching it (v1/worker/gpu_model_runner.py
-    ``profile_run``: ``output.new_zeros((encoder_budget, hidden))``), so a model whose
-    images are few tokens (LLaVA's 576, Gemma 3's 256) holds items x budget rows, not items x
-    its tokens. 0.10 caches the outputs as they are; 0.12 pads only to the modality's tokens
-    per item, which the outputs fill; 0.13 dropped it."""
+    encoder_outputs_padded: EncoderPadding = None
+    """How the profiling run pads each dummy encoder output before caching it
+    (v1/worker/gpu_model_runner.py ``profile_run``, ``output.new_zeros``): 0.11 to the whole
+    encoder budget ("budget"), so a model whose images are few tokens (LLaVA's 576, Gemma 3's
+    256) holds items x budget rows, not items x its tokens; 0.12 to the modality's tokens
+    per item ("item"), which only an item counted in more tokens than it has embeddings
+    leaves short (Qwen3-VL's video, ``video_timestamp_tokens``); 0.10 and 0.13 on not at all
+    (None)."""
+    video_timestamp_tokens: bool = False
+    """0.11-0.12 count each of Qwen3-VL's video embeddings as 12.5 tokens, for the timestamp
+    text around it (vllm/model_executor/models/qwen3_vl.py ``get_max_video_tokens``: "on
+    average 9.5 tokens" + the start, video and end tokens), so its dummy video outweighs an
+    image and is what the profiling run encodes; 0.13 counts the embeddings alone."""
     sampler_warmup_pass: bool = False
     """0.33: the V2 runner's profiling runs the sampler a second time with full sampling
     parameters, copying the logits to fp32 (v1/worker/gpu/model_runner.py
@@ -151,7 +158,10 @@ class EngineVersion:
             model_runner_v2=release >= (0, 32),
             mla_latent=release >= (0, 7),
             always_chunked_prefill=v1,
-            encoder_outputs_padded=release == (0, 11),
+            encoder_outputs_padded=(
+                "budget" if release == (0, 11) else "item" if release == (0, 12) else None
+            ),
+            video_timestamp_tokens=(0, 11) <= release < (0, 13),
             sampler_warmup_pass=release >= (0, 33),
             mla_workspace_in_profile=release >= (0, 33),
             gdn_checkpoint_blocks=release >= (0, 33),
