@@ -249,20 +249,37 @@ def test_the_encoder_cache_and_limits_of_zero() -> None:
     images (fewer than 256 sequences x 1 image each) and caches 8 x 256 embeddings of the
     hidden 5376 in 2 bytes; images limited to 0 skip the encoder."""
     spec = load_spec("google/gemma-3-27b-it")
-    items = encoder_items(spec, EngineSettings(), tokens=2048, seqs=256, max_len=8192)
+    items = encoder_items(
+        spec, EngineSettings(), tokens=2048, seqs=256, max_len=8192, version=CURRENT_VLLM
+    )
     assert items == 8
     assert (
         multimodal_bytes(spec, dtype="bfloat16", items=items, per_item=spec.mm_tokens_per_item)
         == 8 * 256 * 5376 * 2
     )
     # A long item fills the budget alone: at least one is profiled, however small the budget.
-    assert encoder_items(spec, EngineSettings(), tokens=100, seqs=256, max_len=8192) == 1
+    assert (
+        encoder_items(
+            spec, EngineSettings(), tokens=100, seqs=256, max_len=8192, version=CURRENT_VLLM
+        )
+        == 1
+    )
     # Few sequences of short prompts bound it from the decoder's side (vLLM's _get_max_items).
-    assert encoder_items(spec, EngineSettings(), tokens=8192, seqs=2, max_len=512) == 4
+    assert (
+        encoder_items(
+            spec, EngineSettings(), tokens=8192, seqs=2, max_len=512, version=CURRENT_VLLM
+        )
+        == 4
+    )
     none = EngineSettings(limit_mm_per_prompt='{"image": 0}')
-    assert encoder_items(spec, none, tokens=2048, seqs=256, max_len=8192) == 0
+    assert encoder_items(spec, none, tokens=2048, seqs=256, max_len=8192, version=CURRENT_VLLM) == 0
     text = load_spec(LLAMA_8B)
-    assert encoder_items(text, EngineSettings(), tokens=2048, seqs=256, max_len=8192) == 0
+    assert (
+        encoder_items(
+            text, EngineSettings(), tokens=2048, seqs=256, max_len=8192, version=CURRENT_VLLM
+        )
+        == 0
+    )
 
 
 def test_vllm_0_11_pads_each_profiled_encoder_output_to_the_budget() -> None:
@@ -362,14 +379,19 @@ def test_a_long_context_profiles_qwen2_vls_dummy_video() -> None:
     image = spec.mm_tokens_per_item
     assert image == 16_384
     s = EngineSettings()
-    assert profiled_item(spec, s, max_len=128_000) == ("video", 7 * image)
-    assert profiled_item(spec, s, max_len=32_768) == ("video", 2 * image)
-    assert profiled_item(spec, s, max_len=16_384) == ("image", image)
-    assert profiled_item(spec, s, max_len=2_048) == ("image", image)
+    assert profiled_item(spec, s, max_len=128_000, version=CURRENT_VLLM) == ("video", 7 * image)
+    assert profiled_item(spec, s, max_len=32_768, version=CURRENT_VLLM) == ("video", 2 * image)
+    assert profiled_item(spec, s, max_len=16_384, version=CURRENT_VLLM) == ("image", image)
+    assert profiled_item(spec, s, max_len=2_048, version=CURRENT_VLLM) == ("image", image)
     no_video = EngineSettings(limit_mm_per_prompt='{"image": 1, "video": 0}')
-    assert profiled_item(spec, no_video, max_len=128_000) == ("image", image)
+    assert profiled_item(spec, no_video, max_len=128_000, version=CURRENT_VLLM) == ("image", image)
     # A model without a modelled video: its image, whatever the context.
-    assert profiled_item(load_spec("google/gemma-3-27b-it"), s, max_len=128_000)[0] == "image"
+    assert (
+        profiled_item(load_spec("google/gemma-3-27b-it"), s, max_len=128_000, version=CURRENT_VLLM)[
+            0
+        ]
+        == "image"
+    )
 
     a100 = Hardware.from_gpu("A100-SXM-80GB", 1)
     b = estimate(

@@ -270,7 +270,7 @@ embedding counted with the timestamp text around it."""
 
 
 def profiled_item(
-    spec: ModelSpec, s: EngineSettings, *, max_len: int, version: EngineVersion | None = None
+    spec: ModelSpec, s: EngineSettings, *, max_len: int, version: EngineVersion
 ) -> tuple[str, int]:
     """The modality of the item vLLM's profiling run encodes, and that item's tokens: of the
     modalities a prompt may carry, the one whose largest item has the most tokens
@@ -290,7 +290,7 @@ def profiled_item(
     tower = spec.vision_encoder
     if tower and tower.video_tokens and item_limit(s.mm_limits, "video"):
         video = tower.video_tokens
-        if version is not None and version.video_timestamp_tokens:
+        if version.video_timestamp_tokens:
             video = int(video * QWEN3_VL_VIDEO_TOKENS_PER_EMBEDDING)
         if video > per_image or not item_limit(s.mm_limits, "image"):
             return "video", video
@@ -312,7 +312,7 @@ def encoder_items(
     tokens: int,
     seqs: int,
     max_len: int,
-    version: EngineVersion | None = None,
+    version: EngineVersion,
 ) -> int:
     """Items in the profiling run's dummy encoder batch (0: no encoder to profile), of the
     modality ``profiled_item`` picks.
@@ -330,7 +330,24 @@ def encoder_items(
     if limit == 0:  # only another modality's items (audio): their tower is not modelled
         return 0
     per_prompt = max(1, min(limit, max_len // per_item))
-    return max(1, min(max(tokens, per_item) // per_item, seqs * per_prompt))
+    return max(1, min(encoder_budget(tokens, per_item) // per_item, seqs * per_prompt))
+
+
+def encoder_budget(tokens: int, per_item: int) -> int:
+    """The encoder budget of the profiling run: max(max_num_batched_tokens, the largest
+    item's tokens) (v1/core/encoder_cache_manager.py ``compute_mm_encoder_budget``)."""
+    return max(tokens, per_item)
+
+
+def padded_rows(version: EngineVersion, *, tokens: int, per_item: int) -> int:
+    """The rows the profiling run pads each dummy encoder output to
+    (``EngineVersion.encoder_outputs_padded``): the encoder budget, the item's tokens, or
+    none (0)."""
+    if version.encoder_outputs_padded == "budget":
+        return encoder_budget(tokens, per_item)
+    if version.encoder_outputs_padded == "item":
+        return per_item
+    return 0
 
 
 def item_rows(spec: ModelSpec, modality: str, tokens: int) -> int:

@@ -34,6 +34,7 @@ from oominfer.memory.additions import (
     lora_cpu_cache_bytes,
     lora_slot_bytes,
     multimodal_bytes,
+    padded_rows,
     profiled_item,
     state_blocks,
     tower_built,
@@ -173,9 +174,10 @@ def estimate(
         startup_short = max(0, budget - startup_free_bytes(gpu, tp, version))
     items = encoder_items(spec, s, tokens=batched, seqs=seqs, max_len=max_len, version=version)
     modality, per_item = profiled_item(spec, s, max_len=max_len, version=version)
+    rows = item_rows(spec, modality, per_item)
     proposer, extra = _additions(
         spec, s, dtype=dtype, kv_elem=kv_elem, batched=batched, items=items, version=version,
-        modality=modality, per_item=per_item,
+        modality=modality, per_item=per_item, rows=rows,
     )  # fmt: skip
     activation = activation_bytes(
         spec,
@@ -192,7 +194,6 @@ def estimate(
     # The vision tower's forward over the dummy images runs first; its output, the encoder
     # cache, then stays alive through the text forward and the sampler: the peak is the
     # larger of the tower's and (cache + the text model's).
-    rows = item_rows(spec, modality, per_item)
     tower = encoder_forward_bytes(spec, dtype=dtype, items=items, per_item=rows, tp=tp)
     activation = max(activation, tower - extra.multimodal_bytes)
     if device == "cuda" and version.sampler_warmup_pass:
@@ -368,17 +369,6 @@ def estimate(
     return min(seen.values(), key=lambda b: (b.usable_blocks, b.kv_cache_bytes))
 
 
-def _padded_rows(version: EngineVersion, *, batched: int, per_item: int) -> int:
-    """The rows the profiling run pads each dummy encoder output to
-    (``EngineVersion.encoder_outputs_padded``): the encoder budget, max(max_num_batched_tokens,
-    the item's tokens) (memory/additions.py ``encoder_items``), or the item's tokens."""
-    if version.encoder_outputs_padded == "budget":
-        return max(batched, per_item)
-    if version.encoder_outputs_padded == "item":
-        return per_item
-    return 0
-
-
 def _additions(
     spec: ModelSpec,
     s: EngineSettings,
@@ -390,6 +380,7 @@ def _additions(
     version: EngineVersion,
     modality: str,
     per_item: int,
+    rows: int,
 ) -> tuple[Draft | None, Additions]:
     """The operator additions that do not depend on the pipeline stage (memory/additions.py);
     the draft's graphs and the expert split are filled in per stage."""
@@ -415,8 +406,8 @@ def _additions(
             spec,
             dtype=dtype,
             items=items,
-            per_item=item_rows(spec, modality, per_item),
-            padded_to=_padded_rows(version, batched=batched, per_item=per_item),
+            per_item=rows,
+            padded_to=padded_rows(version, tokens=batched, per_item=per_item),
         ),
         encoder_items=items,
         encoder_modality=modality,
