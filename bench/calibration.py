@@ -155,8 +155,8 @@ def _gib(text: str | None) -> float | None:
     return float(m.group(1)) if m else None
 
 
-def _gpu(point: dict[str, Any]) -> GpuSpec | None:
-    """The GPU as vLLM saw it: its printed CUDA total, with the named GPU's capability."""
+def _named_gpu(point: dict[str, Any]) -> GpuSpec | None:
+    """The catalog GPU the point's description names, if any."""
     named = None
     text = point.get("gpu_model") or ""
     tokens = re.findall(r"\b(?:RTX \d{4}(?: Ada)?|[A-Z]\d{1,3}[A-Z]?(?:[- ]\w+)*)", text)
@@ -168,8 +168,15 @@ def _gpu(point: dict[str, Any]) -> GpuSpec | None:
             break
         except OominferError:
             continue
-    if "Volta and Turing" in (point.get("gpu_model") or ""):
+    if "Volta and Turing" in text:
         named = named or find_gpu("T4")
+    return named
+
+
+def _gpu(point: dict[str, Any]) -> GpuSpec | None:
+    """The GPU as vLLM saw it: its printed CUDA total, with the named GPU's capability."""
+    named = _named_gpu(point)
+    text = point.get("gpu_model") or ""
     total = _gib(point.get("gpu_total_memory_printed"))
     if total is None and any(word in text for word in PARTITION_WORDS):
         return None
@@ -180,6 +187,7 @@ def _gpu(point: dict[str, Any]) -> GpuSpec | None:
             memory_bytes=int(total * GiB),
             cuda_total_bytes=int(total * GiB),
             compute_capability=cc,
+            architecture=named.architecture if named else None,
             interconnect=named.interconnect if named else "pcie",
         )
     return named
@@ -255,10 +263,14 @@ def inputs(
         cpu_offload_gb=point.get("cpu_offload_gb") or 0,
     )
     gpu = _gpu(point)
-    # A GPU the point does not name stands in as an 80 GB A100 on PCIe: no NVLink is assumed.
+    # A partition of a named GPU (no total printed) stands in as that GPU; one the point does
+    # not name as an 80 GB A100 on PCIe (no NVLink is assumed) with no architecture: nothing
+    # the A100 alone does (memory/profile.py cublas_graph_workspaces) is taken for it.
     pp = point.get("pipeline_parallel_size") or 1
+    unnamed = dataclasses.replace(find_gpu("A100-PCIE-80GB"), architecture=None)
     hw = Hardware(
-        gpu=gpu or find_gpu("A100-PCIE-80GB"), count=max(tp * pp, point.get("num_gpus") or 1)
+        gpu=gpu or _named_gpu(point) or unnamed,
+        count=max(tp * pp, point.get("num_gpus") or 1),
     )
     # A gathered log may carry its checkpoint's verbatim config.json (with "config_source"):
     # the model is read from it, its parameters counted from the shapes.

@@ -6,15 +6,15 @@ Every log with a "Graph capturing finished ... took X GiB" line whose model the 
 holds (bench/calibration.py ``inputs``) is one equation:
 
     X = layers x (piecewise x PER_GRAPH[era] + full x FULL
-                  + (piecewise + full) x NCCL [TP > 2 on PCIe-only GPUs])
+                  + (piecewise + full) x NCCL [TP > 2 on PCIe-only GPUs]
+                  + (piecewise + full) x CUBLAS_SM80 [V1, A100-class GPU, unquantized])
 
-    era: V0 (whole-model graphs), EARLY_V1 (0.8-0.9: per unit of hidden size too, the
-    early runner kept each size's activations), PIECEWISE (0.10+)
+    era: V0 (whole-model graphs), EARLY_V1 (0.8-0.9), PIECEWISE (0.10+)
 
 with the graph counts of ``rules.attention.graph_counts`` for the log's release and
 flags. Least squares (non-negative: a graph cannot give memory back) over those rows; prints
 the constants in KiB and each log's residual. Logs whose figure is not the graph pool alone
-(a GPU shared with other engines, a vGPU slice: see their notes) are listed and left out.
+(a GPU shared with other engines, unified memory: see their notes) are listed and left out.
 """
 
 from __future__ import annotations
@@ -28,28 +28,23 @@ from calibration import DEFAULT_LOGS, EXTRA_LOGS, inputs, load_points
 
 from oominfer.base.units import GiB, KiB
 from oominfer.memory.estimate import estimate
-from oominfer.memory.profile import graph_era, pcie_only
+from oominfer.memory.profile import cublas_graph_workspaces, graph_era, pcie_only
 from oominfer.rules.attention import graph_counts, max_capture_size, pinned_capture_size
 
 # Logs whose "took" line measures more than the graph pool, by their own notes: c16 ran
-# four engines at once beside a foreign process (the free-memory delta counts theirs);
-# c10 is a 30% vGPU slice of an A100 whose free-memory readings are distorted.
+# four engines at once beside a foreign process (the free-memory delta counts theirs).
 # dp54 captures LoRA's Punica buffers with the graphs. n13 prints a negative figure (-0.76
 # GiB): more was freed during capture (a multimodal model, whose profiling run's buffers
-# go then) than the pool took. c08 goes the other way: its 0.9.0.1
-# pool (a multimodal model's 28 x 3584 language model) is 76 B per layer, hidden and graph
-# where the other early-V1 logs at the same 67 sizes show 144-257 B (c06's 0.8.3 32B,
-# dp37, c10, c11): one log against four, left out rather than pulling the constant to it.
+# go then) than the pool took. c10, a vGPU slice of an A100 whose pool had looked three
+# times too large, is in: the A100's own term explains it, as it does dp37 and g16-02.
 NOT_THE_POOL_ALONE = {
-    "c16": "four engines and a foreign process on the GPU",
-    "c10": "vGPU slice",
+    "c16": "four engines and a foreign process on the GPU (and the GPU not named)",
     "dp54": "LoRA buffers captured too",
-    "c08": "an early-V1 pool a third of the other 0.8-0.9 logs'",
     "n13": "a negative figure: the multimodal profiling's buffers freed during capture",
     "x09": "a GB10: unified memory, whose free-memory readings move with the host's too",
     "x13": "a GB10: unified memory, whose free-memory readings move with the host's too",
 }
-NAMES = ("PIECEWISE", "FULL", "NCCL", "EARLY_V1", "V0")
+NAMES = ("PIECEWISE", "FULL", "NCCL", "EARLY_V1", "V0", "CUBLAS_SM80")
 
 
 def nnls(a: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -100,12 +95,15 @@ def rows(path: Path) -> list[tuple[str, list[float], float]]:
         layers = spec.num_layers // settings.pipeline_parallel_size
         nccl = settings.tensor_parallel_size > 2 and pcie_only(hw.gpu)
         era = graph_era(version)
+        quantized = bool(settings.quantization or spec.quantization)
+        cublas = cublas_graph_workspaces(hw.gpu, version, quantized=quantized)
         features = [
             layers * piecewise if era == "PIECEWISE" else 0,
             layers * full,
             layers * (piecewise + full) if nccl else 0,
-            layers * piecewise * spec.hidden_size if era == "EARLY_V1" else 0,
+            layers * piecewise if era == "EARLY_V1" else 0,
             layers * piecewise if era == "V0" else 0,
+            layers * (piecewise + full) if cublas else 0,
         ]
         out.append((point["id"], [float(f) for f in features], point["cuda_graph_gib"] * GiB))
     return out
@@ -125,10 +123,7 @@ def main() -> int:
     y = np.array([m for _, _, m in data])
     coef = least_absolute(a, y)
     for name, c in zip(NAMES, coef, strict=True):
-        if name == "EARLY_V1":
-            print(f"GRAPH_BYTES_PER_LAYER_EARLY_V1 (per unit of hidden size): {c:.1f} B")
-        else:
-            print(f"GRAPH_BYTES_PER_LAYER_{name}: {c / KiB:.0f} KiB")
+        print(f"GRAPH_BYTES_PER_LAYER_{name}: {c / KiB:.0f} KiB")
     residuals = a @ coef - y
     for (pid, _, measured), r in zip(data, residuals, strict=True):
         print(f"{pid:<5} measured {measured / GiB:5.2f} GiB  fitted {(measured + r) / GiB:5.2f}")

@@ -16,6 +16,7 @@ from oominfer.memory.breakdown import MemoryBreakdown
 from oominfer.memory.estimate import estimate
 from oominfer.memory.profile import (
     CPU_RUNTIME_BYTES,
+    GRAPH_BYTES_PER_LAYER_CUBLAS_SM80,
     GRAPH_BYTES_PER_LAYER_PIECEWISE,
     graph_estimate_excess,
     moe_workspace_bytes,
@@ -589,6 +590,33 @@ def test_full_graphs_of_hybrids_start_in_0_10_2() -> None:
                      settings=EngineSettings(max_model_len=32768),
                      version=EngineVersion.parse("0.10.2"))  # fmt: skip
     assert dense.cuda_graph_bytes < 1 * GiB
+
+
+def test_a100_graphs_hold_cublas_workspaces_under_cuda_12_builds() -> None:
+    """Qwen3-8B's 36 layers at 0.19's default sizes on an A100-40GB: 51 PIECEWISE + 35 FULL
+    graphs. Unquantized under a CUDA 12 build every graph holds GRAPH_BYTES_PER_LAYER_
+    CUBLAS_SM80 a layer besides the PIECEWISE term (g16-02 logged 2.44 GiB); quantized
+    weights (Marlin), an H100, or 0.20's CUDA 13 build hold the PIECEWISE term alone."""
+    spec = load_spec("Qwen/Qwen3-8B")
+    s = EngineSettings(max_model_len=40960)
+
+    def graphs(gpu: str, release: str, quantization: str | None = None) -> int:
+        settings = dataclasses.replace(s, quantization=quantization)
+        return estimate(spec, hardware=Hardware.from_gpu(gpu), settings=settings,
+                        version=EngineVersion.parse(release)).cuda_graph_bytes  # fmt: skip
+
+    piecewise = 36 * 51 * GRAPH_BYTES_PER_LAYER_PIECEWISE
+    a100 = graphs("A100-SXM-40GB", "0.19.1")
+    assert a100 == piecewise + 36 * (51 + 35) * GRAPH_BYTES_PER_LAYER_CUBLAS_SM80
+    assert abs(a100 / GiB - 2.44) <= 0.25
+    assert graphs("H100", "0.19.1") == piecewise
+    assert graphs("A100-SXM-40GB", "0.19.1", quantization="fp8") == piecewise
+    # 0.20 reserves its graph estimate; the pool it estimates is the PIECEWISE term alone.
+    assert graphs("A100-SXM-40GB", "0.20.0") == graphs("H100", "0.20.0")
+    # A GPU given by its size alone is not taken for an A100.
+    custom = Hardware(gpu=GpuSpec.custom(40 * GiB))
+    assert estimate(spec, hardware=custom, settings=s,
+                    version=EngineVersion.parse("0.19.1")).cuda_graph_bytes == piecewise  # fmt: skip
 
 
 @pytest.mark.parametrize(

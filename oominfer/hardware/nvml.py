@@ -50,6 +50,7 @@ def detect_gpus() -> list[GpuSpec]:
                     free_bytes=free,
                     # The datasheet figures the speed model reads come from the catalog.
                     memory_bandwidth_gbps=known.memory_bandwidth_gbps if known else None,
+                    architecture=known.architecture if known else None,
                     tflops_16bit=known.tflops_16bit if known else None,
                     tflops_fp8=known.tflops_fp8 if known else None,
                     tops_int8=known.tops_int8 if known else None,

@@ -214,14 +214,13 @@ def estimate(
         spec, gpu, version, kv_cache_dtype=s.kv_cache_dtype, decode_query_len=decode_query_len
     )
 
-    def graphs_of(layers: int, hidden_size: int, recurrent: bool = False) -> int:
+    def graphs_of(layers: int, recurrent: bool = False) -> int:
         """CUDA-graph memory of ``layers`` captured at this plan's sizes (none when eager);
         a draft's graphs are captured at the same sizes as the target's."""
         if device != "cuda" or s.enforce_eager:
             return 0
         return cuda_graph_bytes(
             layers=layers,
-            hidden_size=hidden_size,
             gpu=gpu,
             tp=tp,
             max_num_seqs=seqs,
@@ -232,13 +231,12 @@ def estimate(
             decode_query_len=decode_query_len,
             full_graphs=full_graphs,
             pinned=pinned,
+            quantized=method is not None,
         )
 
     if proposer is not None and full_graphs:
         # Where FULL graphs fall back to PIECEWISE, the draft runs eager (vLLM issue #54992).
-        extra = dataclasses.replace(
-            extra, speculative_graph_bytes=graphs_of(proposer.layers, proposer.hidden_size)
-        )
+        extra = dataclasses.replace(extra, speculative_graph_bytes=graphs_of(proposer.layers))
     expert_stages = stage_expert_bytes(spec, dtype=dtype, quantization=s.quantization, pp=pp)
     if device == "cuda":
         # MXFP4 MoE kernels hold the experts padded (memory/weights.py mxfp4_expert_ratio).
@@ -264,7 +262,7 @@ def estimate(
         key = (stage_bytes, kinds)
         if key in seen:
             continue
-        graphs = graphs_of(len(layers), spec.hidden_size, recurrent=spec.state_layers > 0)
+        graphs = graphs_of(len(layers), recurrent=spec.state_layers > 0)
         experts, per_gpu = expert_share(spec, s, expert_stages[index])
         if s.data_parallel_size > 1 or s.enable_expert_parallel:
             stage_bytes = (stage_bytes - expert_stages[index]) + experts * tp

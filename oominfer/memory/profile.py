@@ -68,18 +68,34 @@ MLP_TEMPORARIES: Final = 3
 # graph holds one piece per layer, a FULL decode graph reuses their buffers (its own term
 # fits to nil). Past two PCIe-only GPUs vLLM turns custom all-reduce off and NCCL's
 # all-reduces are captured into every graph, each with its own buffers. V0's whole-model
-# graphs and the early V1 runner (0.8-0.9, whose graphs also grow with the hidden size) have
-# constants of their own. Least absolute residuals over the calibration logs with a graph
-# line that replay, the shared set and the gathered one (bench/fit_graphs.py: 0.7-0.26,
-# 1-94 layers, TP 1-8; residuals there): a width term came out nil and is not kept.
-# Fitted (19 logs, median |residual| 0.05 GiB, worst 0.29 GiB; c16, c10, dp54 and c08 left
-# out as their notes say the figure is not the pool alone, n13 for its negative figure,
-# the GB10's x09 and x13 for unified memory).
+# graphs and the early V1 runner (0.8-0.9) have constants of their own.
+# On A100-class GPUs (compute capability 8.0) under the CUDA 12 builds (vLLM before 0.20)
+# an unquantized model's graphs hold about three times more, PIECEWISE and FULL graphs
+# alike, independent of the width: Qwen3-8B on an A100-40GB took 2.24 GiB under 0.9.2
+# (dp37, 67 graphs) and 2.44 under 0.19.1 (g16-02, 51 + 35), where the per-layer constants
+# alone give 0.55 for the second, and a vGPU slice of an A100 (c10, Qwen2-7B, 0.9.2) and an
+# unnamed 80 GB card (c16, Qwen2.5-1.5B, 0.11, 67 + 67: 3.49 GiB) show the same 0.8-1.0 MiB
+# per layer and graph. A model whose weights are quantized there (g8-01: FP8 through Marlin
+# on an A100, 0.19.1, 1.02 GiB) holds what other GPUs do, as does an unquantized one on
+# Ampere's consumer parts (n15, 3090s), on Ada and Hopper, and on an A100 under 0.23's CUDA
+# 13 build (g4-03: vLLM's own graph estimate for Qwen2.5-VL-7B, 0.53 GiB, what the
+# per-layer constants give). So the excess seems to follow cuBLAS's GEMMs on sm80 in CUDA
+# 12, whose workspaces each captured graph may keep (from CUDA 12.2 cuBLAS allocates them
+# itself, PyTorch PR #113994): inferred from the logs, not read in a source. Once the A100's
+# excess is its own term the early-V1 constant needs no width (the old width term had been
+# dp37 against c11), and c08 (an L4 under 0.9, 0.51 GiB), once left out as a third of the
+# other early-V1 pools, fits too.
+# Least absolute residuals over the calibration logs with a graph line that replay, the
+# shared set and the gathered one (bench/fit_graphs.py: 0.7-0.26, 1-94 layers, TP 1-8;
+# residuals there; 30 logs, median |residual| 0.07 GiB): a width term came out nil and is
+# not kept. c16 (its GPU unnamed and shared), dp54 (LoRA buffers), n13 (a negative figure)
+# and the GB10's x09 and x13 (unified memory) are left out, as their notes say.
 GRAPH_BYTES_PER_LAYER_PIECEWISE: Final = 312 * KiB
 GRAPH_BYTES_PER_LAYER_FULL: Final = 0 * KiB
 GRAPH_BYTES_PER_LAYER_NCCL: Final = 214 * KiB
-GRAPH_BYTES_PER_LAYER_AND_HIDDEN_EARLY_V1: Final = 244
+GRAPH_BYTES_PER_LAYER_EARLY_V1: Final = 282 * KiB
 GRAPH_BYTES_PER_LAYER_V0: Final = 182 * KiB
+GRAPH_BYTES_PER_LAYER_CUBLAS_SM80: Final = 642 * KiB
 # Models with recurrent-state layers (Gated DeltaNet, Mamba) run those layers inside their
 # FULL decode graphs (PIECEWISE graphs leave them to run eagerly, between the pieces, as
 # attention is): there a FULL graph holds as much per layer as a PIECEWISE one, and
@@ -117,6 +133,14 @@ def graph_era(version: EngineVersion) -> str:
     return "EARLY_V1" if version.release < (0, 10) else "PIECEWISE"
 
 
+def cublas_graph_workspaces(gpu: GpuSpec, version: EngineVersion, *, quantized: bool) -> bool:
+    """Whether each captured graph keeps cuBLAS workspaces of its own
+    (GRAPH_BYTES_PER_LAYER_CUBLAS_SM80): an unquantized model's V1 graphs on an A100-class
+    GPU under a CUDA 12 build. A GPU described only by its size is not taken for one."""
+    a100_class = gpu.compute_capability == (8, 0) and gpu.architecture == "ampere"
+    return a100_class and version.v1 and version.cuda12_build and not quantized
+
+
 def pcie_only(gpu: GpuSpec) -> bool:
     """No NVLink between GPUs of this kind (consumer, L4/L40/A10 and PCIe data-center cards)."""
     name = gpu.name.upper()
@@ -126,7 +150,6 @@ def pcie_only(gpu: GpuSpec) -> bool:
 def cuda_graph_bytes(
     *,
     layers: int,
-    hidden_size: int,
     gpu: GpuSpec,
     tp: int,
     max_num_seqs: int,
@@ -137,13 +160,15 @@ def cuda_graph_bytes(
     decode_query_len: int = 1,
     full_graphs: bool = True,
     pinned: bool = False,
+    quantized: bool = False,
 ) -> int:
     """Memory CUDA-graph capture takes per GPU (what "Graph capturing finished ... took"
     prints), whether or not the release reserves it before sizing the KV cache.
     ``recurrent``: the model has recurrent-state layers (GRAPH_BYTES_RECURRENT_FIXED);
     ``decode_query_len`` and ``full_graphs``: speculative decoding's decode step and whether
     its FULL graphs survive, ``pinned`` the model's own largest size
-    (``rules.attention.graph_counts``)."""
+    (``rules.attention.graph_counts``); ``quantized``: the weights run through quantized
+    kernels, not cuBLAS (``cublas_graph_workspaces``)."""
     piecewise, full = graph_counts(
         version,
         max_num_seqs,
@@ -156,7 +181,7 @@ def cuda_graph_bytes(
     )
     per_piece = {
         "V0": GRAPH_BYTES_PER_LAYER_V0,
-        "EARLY_V1": GRAPH_BYTES_PER_LAYER_AND_HIDDEN_EARLY_V1 * hidden_size,
+        "EARLY_V1": GRAPH_BYTES_PER_LAYER_EARLY_V1,
         "PIECEWISE": GRAPH_BYTES_PER_LAYER_PIECEWISE,
     }[graph_era(version)]
     per_full = per_piece if recurrent else GRAPH_BYTES_PER_LAYER_FULL
@@ -165,6 +190,8 @@ def cuda_graph_bytes(
         total += GRAPH_BYTES_RECURRENT_FIXED
     if tp > 2 and pcie_only(gpu):
         total += layers * GRAPH_BYTES_PER_LAYER_NCCL * (piecewise + full)
+    if cublas_graph_workspaces(gpu, version, quantized=quantized):
+        total += layers * GRAPH_BYTES_PER_LAYER_CUBLAS_SM80 * (piecewise + full)
     return total
 
 

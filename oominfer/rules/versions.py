@@ -126,6 +126,9 @@ class EngineVersion:
     flashinfer: bool = True
     """FlashInfer is installed: the image, or any install from 0.11.1 (``install_of``).
     Without it 0.10-0.11's sampler sorts (``sampler_bytes_per_logit_fp32``)."""
+    cuda12_build: bool = False
+    """The release's default wheel and image are built on CUDA 12 (before 0.20, which moved
+    to PyTorch 2.11 and CUDA 13.0: its release notes, "CUDA 13.0 default")."""
     snapshot_after_nccl: bool = False
     """0.11+: the worker takes its start-up memory snapshot after NCCL is initialised (PR
     #25359), so NCCL's init-time buffers are no longer free when vLLM checks that
@@ -166,6 +169,7 @@ class EngineVersion:
             mla_workspace_in_profile=release >= (0, 33),
             gdn_checkpoint_blocks=release >= (0, 33),
             snapshot_after_nccl=v1 and release >= (0, 11),
+            cuda12_build=release < (0, 20),
         )
 
     @property
