@@ -125,6 +125,13 @@ QUANTIZED_STAND_INS: dict[str, tuple[str, QuantSpec]] = {
     ),
 }
 
+# vLLM's warning that its tensor-parallel peers share no NVLink: the GPUs lack P2P, or the
+# group spans nodes (custom all-reduce off; NCCL over PCIe or the network). The GPU is then
+# given as a PCIe one, whatever its form factor.
+NO_PEER_LINK = re.compile(
+    r"Custom allreduce is disabled because (your platform lacks GPU P2P|this process group "
+    r"spans across nodes)"
+)
 # Words of a GPU description that say vLLM saw only part of the named card (a vGPU or MIG
 # slice): without a printed total, its memory is unknown and no KV or verdict is judged.
 PARTITION_WORDS = ("vGPU", "MIG ", "slice of")
@@ -268,8 +275,11 @@ def inputs(
     # the A100 alone does (memory/profile.py cublas_graph_workspaces) is taken for it.
     pp = point.get("pipeline_parallel_size") or 1
     unnamed = dataclasses.replace(find_gpu("A100-PCIE-80GB"), architecture=None)
+    gpu = gpu or _named_gpu(point) or unnamed
+    if NO_PEER_LINK.search(point.get("quote") or ""):
+        gpu = dataclasses.replace(gpu, interconnect="pcie")
     hw = Hardware(
-        gpu=gpu or _named_gpu(point) or unnamed,
+        gpu=gpu,
         count=max(tp * pp, point.get("num_gpus") or 1),
     )
     # A gathered log may carry its checkpoint's verbatim config.json (with "config_source"):

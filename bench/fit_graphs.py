@@ -7,7 +7,7 @@ holds (bench/calibration.py ``inputs``) is one equation:
 
     X = layers x (piecewise x PER_GRAPH[era] + full x FULL
                   + (piecewise + full) x NCCL [TP > 2 on PCIe-only GPUs]
-                  + (piecewise + full) x CUBLAS_SM80 [V1, A100-class GPU, unquantized])
+                  + piecewise x SM80_EARLY_V1 | full x SM80_FULL [A100, unquantized, CUDA 12])
 
     era: V0 (whole-model graphs), EARLY_V1 (0.8-0.9), PIECEWISE (0.10+)
 
@@ -28,7 +28,7 @@ from calibration import DEFAULT_LOGS, EXTRA_LOGS, inputs, load_points
 
 from oominfer.base.units import GiB, KiB
 from oominfer.memory.estimate import estimate
-from oominfer.memory.profile import cublas_graph_workspaces, graph_era, pcie_only
+from oominfer.memory.profile import graph_era, pcie_only, sm80_graph_excess
 from oominfer.rules.attention import graph_counts, max_capture_size, pinned_capture_size
 
 # Logs whose "took" line measures more than the graph pool, by their own notes: c16 ran
@@ -44,7 +44,7 @@ NOT_THE_POOL_ALONE = {
     "x09": "a GB10: unified memory, whose free-memory readings move with the host's too",
     "x13": "a GB10: unified memory, whose free-memory readings move with the host's too",
 }
-NAMES = ("PIECEWISE", "FULL", "NCCL", "EARLY_V1", "V0", "CUBLAS_SM80")
+NAMES = ("PIECEWISE", "FULL", "NCCL", "EARLY_V1", "V0", "SM80_EARLY_V1", "SM80_FULL")
 
 
 def nnls(a: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -96,14 +96,15 @@ def rows(path: Path) -> list[tuple[str, list[float], float]]:
         nccl = settings.tensor_parallel_size > 2 and pcie_only(hw.gpu)
         era = graph_era(version)
         quantized = bool(settings.quantization or spec.quantization)
-        cublas = cublas_graph_workspaces(hw.gpu, version, quantized=quantized)
+        sm80 = sm80_graph_excess(hw.gpu, version, quantized=quantized)
         features = [
             layers * piecewise if era == "PIECEWISE" else 0,
             layers * full,
             layers * (piecewise + full) if nccl else 0,
             layers * piecewise if era == "EARLY_V1" else 0,
             layers * piecewise if era == "V0" else 0,
-            layers * (piecewise + full) if cublas else 0,
+            layers * piecewise if sm80 == "EARLY_V1" else 0,
+            layers * full if sm80 == "FULL" else 0,
         ]
         out.append((point["id"], [float(f) for f in features], point["cuda_graph_gib"] * GiB))
     return out

@@ -16,8 +16,10 @@ from oominfer.memory.breakdown import MemoryBreakdown
 from oominfer.memory.estimate import estimate
 from oominfer.memory.profile import (
     CPU_RUNTIME_BYTES,
-    GRAPH_BYTES_PER_LAYER_CUBLAS_SM80,
+    GRAPH_BYTES_PER_LAYER_EARLY_V1,
     GRAPH_BYTES_PER_LAYER_PIECEWISE,
+    GRAPH_BYTES_PER_LAYER_SM80_EARLY_V1,
+    GRAPH_BYTES_PER_LAYER_SM80_FULL,
     graph_estimate_excess,
     moe_workspace_bytes,
     vllm_defaults,
@@ -592,11 +594,13 @@ def test_full_graphs_of_hybrids_start_in_0_10_2() -> None:
     assert dense.cuda_graph_bytes < 1 * GiB
 
 
-def test_a100_graphs_hold_cublas_workspaces_under_cuda_12_builds() -> None:
-    """Qwen3-8B's 36 layers at 0.19's default sizes on an A100-40GB: 51 PIECEWISE + 35 FULL
-    graphs. Unquantized under a CUDA 12 build every graph holds GRAPH_BYTES_PER_LAYER_
-    CUBLAS_SM80 a layer besides the PIECEWISE term (g16-02 logged 2.44 GiB); quantized
-    weights (Marlin), an H100, or 0.20's CUDA 13 build hold the PIECEWISE term alone."""
+def test_a100_graphs_hold_more_for_unquantized_models_under_cuda_12_builds() -> None:
+    """Qwen3-8B's 36 layers on an A100-40GB. 0.19.1's defaults capture 51 PIECEWISE + 35
+    FULL graphs, and under its CUDA 12 build each FULL graph holds
+    GRAPH_BYTES_PER_LAYER_SM80_FULL a layer more (g16-02 logged 2.44 GiB); 0.9.2's 67
+    early-V1 graphs each hold GRAPH_BYTES_PER_LAYER_SM80_EARLY_V1 more (dp37: 2.24). 0.10.1's
+    PIECEWISE-only graphs, quantized weights (Marlin), an H100, or 0.20's CUDA 13 build hold
+    the per-layer terms alone."""
     spec = load_spec("Qwen/Qwen3-8B")
     s = EngineSettings(max_model_len=40960)
 
@@ -607,16 +611,20 @@ def test_a100_graphs_hold_cublas_workspaces_under_cuda_12_builds() -> None:
 
     piecewise = 36 * 51 * GRAPH_BYTES_PER_LAYER_PIECEWISE
     a100 = graphs("A100-SXM-40GB", "0.19.1")
-    assert a100 == piecewise + 36 * (51 + 35) * GRAPH_BYTES_PER_LAYER_CUBLAS_SM80
+    assert a100 == piecewise + 36 * 35 * GRAPH_BYTES_PER_LAYER_SM80_FULL
     assert abs(a100 / GiB - 2.44) <= 0.25
+    early = graphs("A100-SXM-40GB", "0.9.2")
+    assert early == 36 * 67 * (GRAPH_BYTES_PER_LAYER_EARLY_V1 + GRAPH_BYTES_PER_LAYER_SM80_EARLY_V1)
+    assert abs(early / GiB - 2.24) <= 0.25
+    assert graphs("A100-SXM-40GB", "0.10.1") == graphs("H100", "0.10.1")
     assert graphs("H100", "0.19.1") == piecewise
     assert graphs("A100-SXM-40GB", "0.19.1", quantization="fp8") == piecewise
-    # 0.20 reserves its graph estimate; the pool it estimates is the PIECEWISE term alone.
+    # 0.20 reserves its graph estimate; the pool it estimates is the per-layer terms alone.
     assert graphs("A100-SXM-40GB", "0.20.0") == graphs("H100", "0.20.0")
     # A GPU given by its size alone is not taken for an A100.
     custom = Hardware(gpu=GpuSpec.custom(40 * GiB))
-    assert estimate(spec, hardware=custom, settings=s,
-                    version=EngineVersion.parse("0.19.1")).cuda_graph_bytes == piecewise  # fmt: skip
+    sized = estimate(spec, hardware=custom, settings=s, version=EngineVersion.parse("0.19.1"))
+    assert sized.cuda_graph_bytes == piecewise
 
 
 @pytest.mark.parametrize(

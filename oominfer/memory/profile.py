@@ -69,22 +69,23 @@ MLP_TEMPORARIES: Final = 3
 # fits to nil). Past two PCIe-only GPUs vLLM turns custom all-reduce off and NCCL's
 # all-reduces are captured into every graph, each with its own buffers. V0's whole-model
 # graphs and the early V1 runner (0.8-0.9) have constants of their own.
-# On A100-class GPUs (compute capability 8.0) under the CUDA 12 builds (vLLM before 0.20)
-# an unquantized model's graphs hold about three times more, PIECEWISE and FULL graphs
-# alike, independent of the width: Qwen3-8B on an A100-40GB took 2.24 GiB under 0.9.2
-# (dp37, 67 graphs) and 2.44 under 0.19.1 (g16-02, 51 + 35), where the per-layer constants
-# alone give 0.55 for the second, and a vGPU slice of an A100 (c10, Qwen2-7B, 0.9.2) and an
-# unnamed 80 GB card (c16, Qwen2.5-1.5B, 0.11, 67 + 67: 3.49 GiB) show the same 0.8-1.0 MiB
-# per layer and graph. A model whose weights are quantized there (g8-01: FP8 through Marlin
-# on an A100, 0.19.1, 1.02 GiB) holds what other GPUs do, as does an unquantized one on
-# Ampere's consumer parts (n15, 3090s), on Ada and Hopper, and on an A100 under 0.23's CUDA
-# 13 build (g4-03: vLLM's own graph estimate for Qwen2.5-VL-7B, 0.53 GiB, what the
-# per-layer constants give). So the excess seems to follow cuBLAS's GEMMs on sm80 in CUDA
-# 12, whose workspaces each captured graph may keep (from CUDA 12.2 cuBLAS allocates them
-# itself, PyTorch PR #113994): inferred from the logs, not read in a source. Once the A100's
-# excess is its own term the early-V1 constant needs no width (the old width term had been
-# dp37 against c11), and c08 (an L4 under 0.9, 0.51 GiB), once left out as a third of the
-# other early-V1 pools, fits too.
+# A100-class GPUs (compute capability 8.0) hold more for an unquantized model, by era. Under
+# the early V1 runner every graph does: Qwen3-8B took 2.24 GiB for 67 graphs (dp37, 0.9.2)
+# and Qwen2-7B on a vGPU slice of an A100 1.56 (c10), where an L4's 0.9 pool (c08, the same
+# 28 x 3584 language model) and c11 hold the early-V1 constant alone. From 0.10 only the
+# FULL decode graphs do, and only under the CUDA 12 builds (before 0.20): Qwen3-8B's 51 + 35
+# graphs took 2.44 GiB under 0.19.1 (g16-02) where the PIECEWISE term gives 0.55, and an
+# unnamed 80 GB card (c16, 0.11, 67 + 67 graphs: 3.49 GiB; 79.33 GiB total, which A100s
+# print) matches; but Qwen2-7B's 67 PIECEWISE-only graphs under 0.10.1.1 took 0.50 GiB on
+# an A100-80GB (g17-01/02; 0.65 at TP 2, g17-03/04), what other GPUs hold. Quantized weights
+# there (g8-01: FP8 through Marlin, 0.19.1, 51 + 35 graphs, 1.02 GiB) and the CUDA 13 builds
+# (g4-03: 0.23's own estimate for Qwen2.5-VL-7B, 0.53 GiB; g17-07: Llama-3.1-8B under 0.31,
+# 0.23) hold what other GPUs do. cuBLAS's GEMMs on sm80 under CUDA 12, whose workspaces a
+# captured graph may keep (from CUDA 12.2 cuBLAS allocates them itself, PyTorch PR
+# #113994), would explain the quantization and CUDA conditions; why only FULL graphs from
+# 0.10 is not known. The conditions are read off these logs, not a source. With the A100's
+# excess its own term the early-V1 constant needs no width (the old width term had been
+# dp37 against c11), and c08, once left out as a third of the other early-V1 pools, fits.
 # Least absolute residuals over the calibration logs with a graph line that replay, the
 # shared set and the gathered one (bench/fit_graphs.py: 0.7-0.26, 1-94 layers, TP 1-8;
 # residuals there; 30 logs, median |residual| 0.07 GiB): a width term came out nil and is
@@ -93,9 +94,10 @@ MLP_TEMPORARIES: Final = 3
 GRAPH_BYTES_PER_LAYER_PIECEWISE: Final = 312 * KiB
 GRAPH_BYTES_PER_LAYER_FULL: Final = 0 * KiB
 GRAPH_BYTES_PER_LAYER_NCCL: Final = 214 * KiB
-GRAPH_BYTES_PER_LAYER_EARLY_V1: Final = 282 * KiB
+GRAPH_BYTES_PER_LAYER_EARLY_V1: Final = 280 * KiB
 GRAPH_BYTES_PER_LAYER_V0: Final = 182 * KiB
-GRAPH_BYTES_PER_LAYER_CUBLAS_SM80: Final = 642 * KiB
+GRAPH_BYTES_PER_LAYER_SM80_EARLY_V1: Final = 690 * KiB
+GRAPH_BYTES_PER_LAYER_SM80_FULL: Final = 1573 * KiB
 # Models with recurrent-state layers (Gated DeltaNet, Mamba) run those layers inside their
 # FULL decode graphs (PIECEWISE graphs leave them to run eagerly, between the pieces, as
 # attention is): there a FULL graph holds as much per layer as a PIECEWISE one, and
@@ -133,18 +135,21 @@ def graph_era(version: EngineVersion) -> str:
     return "EARLY_V1" if version.release < (0, 10) else "PIECEWISE"
 
 
-def cublas_graph_workspaces(gpu: GpuSpec, version: EngineVersion, *, quantized: bool) -> bool:
-    """Whether each captured graph keeps cuBLAS workspaces of its own
-    (GRAPH_BYTES_PER_LAYER_CUBLAS_SM80): an unquantized model's V1 graphs on an A100-class
-    GPU under a CUDA 12 build. A GPU described only by its size is not taken for one."""
+def sm80_graph_excess(gpu: GpuSpec, version: EngineVersion, *, quantized: bool) -> str | None:
+    """Which of an A100's graphs hold more (GRAPH_BYTES_PER_LAYER_SM80_*): "EARLY_V1" (every
+    graph of 0.8-0.9), "FULL" (the FULL decode graphs of 0.10-0.19), or None: quantized
+    weights, another GPU, V0, or a CUDA 13 build. A GPU described only by its size is not
+    taken for an A100."""
     a100_class = gpu.compute_capability == (8, 0) and gpu.architecture == "ampere"
-    return a100_class and version.v1 and version.cuda12_build and not quantized
+    if not a100_class or quantized or not version.v1 or not version.cuda12_build:
+        return None
+    return "EARLY_V1" if graph_era(version) == "EARLY_V1" else "FULL"
 
 
 def pcie_only(gpu: GpuSpec) -> bool:
-    """No NVLink between GPUs of this kind (consumer, L4/L40/A10 and PCIe data-center cards)."""
-    name = gpu.name.upper()
-    return not any(mark in name for mark in ("SXM", "NVL", "GH200", "B200", "H20-"))
+    """No NVLink between GPUs of this kind (consumer, L4/L40/A10 and PCIe data-center cards,
+    or peers that the catalog's interconnect says talk over PCIe or a network)."""
+    return gpu.interconnect == "pcie"
 
 
 def cuda_graph_bytes(
@@ -168,7 +173,7 @@ def cuda_graph_bytes(
     ``decode_query_len`` and ``full_graphs``: speculative decoding's decode step and whether
     its FULL graphs survive, ``pinned`` the model's own largest size
     (``rules.attention.graph_counts``); ``quantized``: the weights run through quantized
-    kernels, not cuBLAS (``cublas_graph_workspaces``)."""
+    kernels, not cuBLAS (``sm80_graph_excess``)."""
     piecewise, full = graph_counts(
         version,
         max_num_seqs,
@@ -190,8 +195,11 @@ def cuda_graph_bytes(
         total += GRAPH_BYTES_RECURRENT_FIXED
     if tp > 2 and pcie_only(gpu):
         total += layers * GRAPH_BYTES_PER_LAYER_NCCL * (piecewise + full)
-    if cublas_graph_workspaces(gpu, version, quantized=quantized):
-        total += layers * GRAPH_BYTES_PER_LAYER_CUBLAS_SM80 * (piecewise + full)
+    excess = sm80_graph_excess(gpu, version, quantized=quantized)
+    if excess == "EARLY_V1":
+        total += layers * GRAPH_BYTES_PER_LAYER_SM80_EARLY_V1 * piecewise
+    elif excess == "FULL":
+        total += layers * GRAPH_BYTES_PER_LAYER_SM80_FULL * full
     return total
 
 
