@@ -78,19 +78,20 @@ MLP_TEMPORARIES: Final = 3
 # unnamed 80 GB card (c16, 0.11, 67 + 67 graphs: 3.49 GiB; 79.33 GiB total, which A100s
 # print) matches; but Qwen2-7B's 67 PIECEWISE-only graphs under 0.10.1.1 took 0.50 GiB on
 # an A100-80GB (g17-01/02; 0.65 at TP 2, g17-03/04), what other GPUs hold. Quantized weights
-# there (g8-01: FP8 through Marlin, 0.19.1, 51 + 35 graphs, 1.02 GiB) and the CUDA 13 builds
-# (g4-03: 0.23's own estimate for Qwen2.5-VL-7B, 0.53 GiB; g17-07: Llama-3.1-8B under 0.31,
-# 0.23) hold what other GPUs do. cuBLAS's GEMMs on sm80 under CUDA 12, whose workspaces a
-# captured graph may keep (from CUDA 12.2 cuBLAS allocates them itself, PyTorch PR
-# #113994), would explain the quantization and CUDA conditions; why only FULL graphs from
-# 0.10 is not known. The conditions are read off these logs, not a source. With the A100's
-# excess its own term the early-V1 constant needs no width (the old width term had been
-# dp37 against c11), and c08, once left out as a third of the other early-V1 pools, fits.
+# there (g8-01: FP8 through Marlin, 0.19.1, 51 + 35 graphs: 1.02 GiB, where the FULL term
+# would add 2.52) and the CUDA 13 builds (g4-03: 0.23's own estimate for Qwen2.5-VL-7B, 0.53
+# GiB; g17-07: Llama-3.1-8B under 0.31, 0.23) show no such excess. cuBLAS's GEMMs on sm80
+# under CUDA 12, whose workspaces a captured graph may keep (from CUDA 12.2 cuBLAS allocates
+# them itself, PyTorch PR #113994), would explain the quantization and CUDA conditions; why
+# only FULL graphs from 0.10 is not known. The conditions are read off these logs, not a
+# source. With the A100's excess its own term the early-V1 constant needs no width (the old
+# width term had been dp37 against c11), and c08, once left out as a third of the other
+# early-V1 pools, fits.
 # Least absolute residuals over the calibration logs with a graph line that replay, the
 # shared set and the gathered one (bench/fit_graphs.py: 0.7-0.26, 1-94 layers, TP 1-8;
-# residuals there; 30 logs, median |residual| 0.07 GiB): a width term came out nil and is
-# not kept. c16 (its GPU unnamed and shared), dp54 (LoRA buffers), n13 (a negative figure)
-# and the GB10's x09 and x13 (unified memory) are left out, as their notes say.
+# residuals there; 37 logs, median |residual| 0.07 GiB). c16 (its GPU unnamed and shared),
+# dp54 (LoRA buffers), n13 (a negative figure) and the GB10's x09 and x13 (unified memory)
+# are left out, as their notes say.
 GRAPH_BYTES_PER_LAYER_PIECEWISE: Final = 312 * KiB
 GRAPH_BYTES_PER_LAYER_FULL: Final = 0 * KiB
 GRAPH_BYTES_PER_LAYER_NCCL: Final = 214 * KiB
