@@ -272,7 +272,7 @@ def inputs(
     gpu = _gpu(point)
     # A partition of a named GPU (no total printed) stands in as that GPU; one the point does
     # not name as an 80 GB A100 on PCIe (no NVLink is assumed) with no architecture: nothing
-    # the A100 alone does (memory/profile.py cublas_graph_workspaces) is taken for it.
+    # the A100 alone does (memory/profile.py sm80_graph_excess) is taken for it.
     pp = point.get("pipeline_parallel_size") or 1
     unnamed = dataclasses.replace(find_gpu("A100-PCIE-80GB"), architecture=None)
     gpu = gpu or _named_gpu(point) or unnamed

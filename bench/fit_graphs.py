@@ -29,6 +29,7 @@ from calibration import DEFAULT_LOGS, EXTRA_LOGS, inputs, load_points
 from oominfer.base.units import GiB, KiB
 from oominfer.memory.estimate import estimate
 from oominfer.memory.profile import graph_era, pcie_only, sm80_graph_excess
+from oominfer.memory.weights import weight_format
 from oominfer.rules.attention import graph_counts, max_capture_size, pinned_capture_size
 
 # Logs whose "took" line measures more than the graph pool, by their own notes: c16 ran
@@ -95,7 +96,7 @@ def rows(path: Path) -> list[tuple[str, list[float], float]]:
         layers = spec.num_layers // settings.pipeline_parallel_size
         nccl = settings.tensor_parallel_size > 2 and pcie_only(hw.gpu)
         era = graph_era(version)
-        quantized = bool(settings.quantization or spec.quantization)
+        quantized = weight_format(spec, settings.quantization) is not None
         sm80 = sm80_graph_excess(hw.gpu, version, quantized=quantized)
         features = [
             layers * piecewise if era == "PIECEWISE" else 0,
