@@ -29,8 +29,10 @@ carry their wheels (``pip download --no-deps --only-binary=:all: --python-versio
 --platform manylinux_2_17_x86_64 -d .whl fastapi starlette pydantic pydantic_core
 typing-inspection annotated-types uvicorn typing_extensions``) and install them with
 ``--target``. Runs of 2026-11-27: 1 (H200, 10 models, one process, ~140 s), 2 (H100, 4 models,
-a process each, with ``--engine``, ~310 s), 3 (H200, held out, ~190 s). Append new runs to
-tests/data/calibration/device_transformers.jsonl with their ``run`` and ``gpu``.
+a process each, with ``--engine``, ~310 s), 3 (H200, held out, ~190 s); of 2026-11-28: 4 and 5
+(H200, held out, 5 and 3 models, a process each, with ``--engine``, ~330 s and ~190 s).
+Append new runs to tests/data/calibration/device_transformers.jsonl with their ``run`` and
+``gpu`` (and ``fresh_process`` where each model had its own process).
 """
 
 from __future__ import annotations

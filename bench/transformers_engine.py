@@ -3,7 +3,7 @@
 
 Reads tests/data/calibration/device_transformers.jsonl (written by
 bench/device_transformers.py on the lent H100 and H200) and prints, per measurement,
-predicted / measured: the weights, the prefill peak, KV bytes per token and non-torch memory;
+predicted / measured: the weights, the prefill peak, the KV cache and non-torch memory;
 each decode step (runner), each prompt's prefill (runner) and each burst through the engine's
 scheduler (mean TTFT, mean TPOT, output tokens/s); then the median and worst error of each.
 
@@ -23,6 +23,7 @@ from typing import Any
 from oominfer.hardware.hardware import Hardware
 from oominfer.memory.breakdown import MemoryBreakdown
 from oominfer.memory.estimate import estimate
+from oominfer.memory.transformers import transformers_seq_kv_bytes
 from oominfer.model.load import load_spec
 from oominfer.rules.versions import CURRENT_VLLM
 from oominfer.settings import EngineSettings
@@ -81,9 +82,8 @@ def ratios(rows: list[dict[str, Any]]) -> list[Ratio]:
             out.append(
                 Ratio(f"{name}-{n}", "activation", at.activation_bytes, p["activation_bytes"])
             )
-            out.append(
-                Ratio(f"{name}-{n}", "kv_per_token", at.kv_bytes_per_token, p["kv_bytes"] / n)
-            )
+            kv = transformers_seq_kv_bytes(spec, length=n, per_token=at.kv_bytes_per_token)
+            out.append(Ratio(f"{name}-{n}", "kv_cache", kv, p["kv_bytes"]))
             predicted = tf.prefill_seconds(spec, s, tc, tokens=n)
             out.append(Ratio(f"{name}-{n}", "prefill_s", predicted, p["seconds"]))
         for d in row["decode"]:

@@ -451,6 +451,39 @@ def test_transformers_engine_returns_a_breakdown() -> None:
     assert b.fits
 
 
+def test_transformers_sliding_window_layers_keep_the_window_less_one() -> None:
+    """Gemma-2-9B: 21 full and 21 sliding layers (window 4,096), 8,192 bytes a token a layer
+    in bf16. A sequence of 8,192 tokens keeps 21 x 8,192 + 21 x 4,095 tokens' worth, as the
+    H200 showed (2,113,757,184 bytes, test_device_transformers run 4); past the window only
+    the full layers grow, so the longest sequence that fits is longer than the room divided
+    by every layer's bytes per token."""
+    from oominfer.memory.transformers import transformers_seq_kv_bytes
+
+    gemma = dataclasses.replace(spec("google/gemma-2-9b-it"), max_position_embeddings=131072)
+    b = estimate(
+        gemma,
+        hardware=Hardware(gpu=L4),
+        settings=EngineSettings(max_model_len=4096, max_num_seqs=1),
+        engine="transformers",
+        version=CURRENT_VLLM,
+    )
+    per_layer = 8192
+    assert b.kv_bytes_per_token == 42 * per_layer
+    seq = transformers_seq_kv_bytes(gemma, length=8192, per_token=b.kv_bytes_per_token)
+    assert seq == per_layer * (21 * 8192 + 21 * 4095) == 2_113_757_184
+    at_4096 = transformers_seq_kv_bytes(gemma, length=4096, per_token=b.kv_bytes_per_token)
+    assert at_4096 == per_layer * (21 * 4096 + 21 * 4095)
+    assert b.max_concurrency == round(b.kv_cache_bytes / at_4096, 2)
+    room = b.kv_cache_bytes
+    assert 4095 * b.kv_bytes_per_token < room < seq  # past the window, short of 8,192
+    longest = (room - 21 * 4095 * per_layer) // (21 * per_layer)
+    assert b.max_model_len_that_fits == longest > room // b.kv_bytes_per_token
+    # Within the window every layer grows with the sequence.
+    assert transformers_seq_kv_bytes(gemma, length=4095, per_token=b.kv_bytes_per_token) == (
+        4095 * b.kv_bytes_per_token
+    )
+
+
 def test_vision_tower_counted_by_hand() -> None:
     # SigLIP of Gemma 3: 27 x (4 x 1152^2 + 2 x 1152 x 4304 + 9 x 1152 + 4304) = 411,466,608;
     # patches 3 x 14^2 x 1152 + positions (896 / 14)^2 x 1152 = 5,395,968; post-norm 2,304;

@@ -56,6 +56,51 @@ def unquantized_expert_bytes(spec: ModelSpec, *, dtype: str, quantization: str |
     return int(quantized * (dtype_bytes(dtype) / fmt.bytes_per_param - 1))
 
 
+def transformers_kept_tokens(spec: ModelSpec, length: int) -> int:
+    """Tokens a sliding-window layer keeps for one sequence of ``length`` tokens.
+
+    transformers' ``DynamicSlidingWindowLayer`` keeps the last ``sliding_window - 1`` tokens
+    (measured: 4,095 on Gemma-2-9B, 511 on Gemma-3-1B, 2,046 on Phi-3-mini's 2,047 window);
+    a full-attention layer keeps them all."""
+    if not spec.sliding_window:
+        return length
+    return min(length, spec.sliding_window - 1)
+
+
+def transformers_seq_kv_bytes(spec: ModelSpec, *, length: int, per_token: int) -> int:
+    """The dynamic cache of one sequence of ``length`` tokens, ``per_token`` being the bytes
+    a token takes in all the attention layers (the breakdown's ``kv_bytes_per_token``)."""
+    layers = spec.attention_layers
+    if not layers:
+        return 0
+    sliding = spec.layer_kinds.count("sliding")
+    kept = transformers_kept_tokens(spec, length)
+    return per_token // layers * ((layers - sliding) * length + sliding * kept)
+
+
+def _sliding_prefill_bytes(
+    spec: ModelSpec, *, tokens: int, dtype_size: int, tp: int
+) -> tuple[int, int]:
+    """What a prompt longer than the sliding window adds to a prefill: (at attention, held).
+
+    Past the window the sliding layers' attention gets a boolean ``[1, 1, n, n]`` mask
+    (1 byte a pair, held through the pass); SDPA turns it into an additive mask in the
+    model's dtype for the call (2 bytes a pair) and, masked, takes keys and values repeated
+    to every query head. Each sliding layer's cache is a slice of the prompt's keys and
+    values, which keeps the whole prompt's storage alive until the first decode step.
+    Measured on Gemma-2-9B (8,192 tokens), Gemma-3-1B (2,048-32,768) and Phi-3-mini
+    (2,048) on an H200 (run 4): without these, 45%, 28-62% and 3% low."""
+    sliding = spec.layer_kinds.count("sliding")
+    window = spec.sliding_window or 0
+    if not sliding or tokens <= window:
+        return 0, 0
+    repeated = 2 * spec.num_attention_heads * spec.head_dim // tp * dtype_size
+    at_attention = tokens * repeated + 2 * tokens * tokens
+    per_layer = 2 * spec.num_kv_heads * spec.head_dim // tp * dtype_size
+    beyond = tokens - transformers_kept_tokens(spec, tokens)
+    return at_attention, tokens * tokens + sliding * beyond * per_layer
+
+
 def transformers_forward_bytes(spec: ModelSpec, *, tokens: int, dtype_size: int, tp: int) -> int:
     """Peak of one transformers forward pass over ``tokens`` tokens above the weights and
     the cache.
@@ -63,9 +108,12 @@ def transformers_forward_bytes(spec: ModelSpec, *, tokens: int, dtype_size: int,
     Eager modules free the attention's projections before the MLP runs, so the peak is the
     residual stream and a few hidden-size temporaries plus the larger of the two blocks, not
     their sum as in vLLM's profiling run (memory/profile.py ``forward_bytes``). Measured on
-    12 real-size architectures with random weights (H100, H200; 512-32,768 tokens): within
+    17 real-size architectures with random weights (H100, H200; 512-32,768 tokens): within
     4% for each, phi-4, Qwen3-30B-A3B, Mixtral-8x7B and DeepSeek-V2-Lite included (the last
-    two came after the fit and showed the experts' fused gate/up and the float32 router).
+    two came after the fit and showed the experts' fused gate/up and the float32 router;
+    Mistral-Small-24B and Granite-3.3 were held out and came within 0.7%). A prompt longer
+    than a sliding window adds its masks and the slices' storage
+    (``_sliding_prefill_bytes``).
     """
     qkv = (spec.num_attention_heads + 2 * spec.num_kv_heads) * spec.head_dim
     fused = spec.architecture in FUSED_GATE_UP
@@ -75,8 +123,29 @@ def transformers_forward_bytes(spec: ModelSpec, *, tokens: int, dtype_size: int,
         copies = ROUTED_COPIES + 2 * (spec.architecture in FP32_ROUTERS)
         routed = max(h + (MLP_TEMPORARIES + 1) * inter, copies * h)
         mlp = max(mlp, max(spec.num_experts_per_tok, 1) * routed)
-    per_token = HIDDEN_TEMPORARIES * spec.hidden_size + max(qkv, mlp) // tp
-    return tokens * per_token * dtype_size
+    at_attention, held = _sliding_prefill_bytes(spec, tokens=tokens, dtype_size=dtype_size, tp=tp)
+    attention = tokens * (qkv // tp) * dtype_size + at_attention
+    block = max(attention, tokens * (mlp // tp) * dtype_size)
+    return tokens * HIDDEN_TEMPORARIES * spec.hidden_size * dtype_size + block + held
+
+
+def _longest_fitting(spec: ModelSpec, room: int, *, per_token: int) -> int:
+    """The longest sequence whose dynamic cache fits in ``room`` bytes (within the model's
+    context): past the sliding window only the full-attention layers grow."""
+    if room <= 0 or not per_token:
+        return 0
+    limit = spec.max_position_embeddings
+    longest = room // per_token
+    kept = transformers_kept_tokens(spec, limit)
+    if longest < kept:
+        return longest
+    full = spec.attention_layers - spec.layer_kinds.count("sliding")
+    if not full:
+        return limit
+    per_layer = per_token // spec.attention_layers
+    sliding = spec.attention_layers - full
+    longest = (room - sliding * kept * per_layer) // (full * per_layer)
+    return int(min(limit, longest))
 
 
 def transformers_breakdown(
@@ -102,10 +171,8 @@ def transformers_breakdown(
     activation += seqs * spec.vocab_size * 4 * 2  # fp32 logits and their softmax
     overhead = TRANSFORMERS_OVERHEAD_BYTES if device == "cuda" else TRANSFORMERS_CPU_OVERHEAD_BYTES
     kv_cache = budget - weights - activation - overhead
-    per_seq = per_token * max_len + state_per_seq
-    fits_len = 0
-    if kv_cache > state_per_seq and per_token:
-        fits_len = min(spec.max_position_embeddings, (kv_cache - state_per_seq) // per_token)
+    per_seq = transformers_seq_kv_bytes(spec, length=max_len, per_token=per_token) + state_per_seq
+    fits_len = _longest_fitting(spec, kv_cache - state_per_seq, per_token=per_token)
     return MemoryBreakdown(
         engine="transformers",
         dtype=dtype,

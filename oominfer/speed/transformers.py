@@ -22,14 +22,24 @@ from oominfer.model.spec import ModelSpec
 from oominfer.speed.roofline import Bound, Chip, Stage, StepTime, compute_efficiency, step_time
 from oominfer.speed.workload import Workload
 
-HOST_SECONDS_PER_LAYER: Final = 2.1e-3
-"""Host time of one eager decode pass per decoder layer: the median of 14 models' measured
-steps (batches 1-32) on the lent H100 and H200 machines' hosts, 0.67-3.2 ms a layer. A host
-twice as fast or as slow as those moves every transformers TPOT by about that much."""
+HOST_STEP_S: Final = 0.035
+"""Host time of one eager pass that does not grow with the layers: the masks, positions and
+rotary tables built once per pass, the embedding, the final norm and the LM head's launches.
+Fitted with ``HOST_SECONDS_PER_LAYER`` on the 99 decode steps of 20 models measured on the
+lent H100 and H200 (runs 1-5): median error 14.9%, where a per-layer cost alone (2.1 ms) had
+20.4% and missed the small models (Gemma-3-1B and Gemma-2-2B, 26 layers, took 75-99 ms a
+step, as long as 40-layer models)."""
 
-PREFILL_HOST_FACTOR: Final = 1.3
+HOST_SECONDS_PER_LAYER: Final = 1.0e-3
+"""Host time of one eager decode pass per decoder layer, beyond ``HOST_STEP_S``: each
+layer's kernels launched one by one from Python, its attention dominated by cuDNN SDPA's
+host work (52-58% of the host time in a profiled Gemma step). A host twice as fast or as
+slow as the lent machines' moves every transformers TPOT by about that much."""
+
+PREFILL_HOST_FACTOR: Final = 1.4
 """A prompt's pass costs the host more than a decode pass (masks and positions over the
-whole prompt, larger launches): 512-token prefills took a median 2.7 ms a layer."""
+whole prompt, larger launches, a new attention shape for cuDNN): 512-token prefills took a
+median 1.4x the model's decode pass (25 of them, runs 1-5)."""
 
 SCHEDULER_STEP_S: Final = 0.010
 """The scheduler's own work per iteration (sampling and its host sync, each sequence's
@@ -51,7 +61,8 @@ the same run (Qwen3-30B-A3B on both GPUs, Mixtral-8x7B and DeepSeek-V2-Lite on t
 def host_seconds(spec: ModelSpec) -> float:
     """One decode pass's host time: the floor of every decode step."""
     moe_layers = sum(1 for n in spec.params.layer_experts if n)
-    return (spec.num_layers + (MOE_HOST_FACTOR - 1) * moe_layers) * HOST_SECONDS_PER_LAYER
+    layers = spec.num_layers + (MOE_HOST_FACTOR - 1) * moe_layers
+    return HOST_STEP_S + layers * HOST_SECONDS_PER_LAYER
 
 
 def transformers_chip(chip: Chip, gpu: GpuSpec) -> Chip:
@@ -74,9 +85,21 @@ def decode_step(
 def prefill_seconds(spec: ModelSpec, stage: Stage, chip: Chip, *, tokens: int) -> float:
     """One prompt of ``tokens`` tokens: its FLOPs, or one host-bound pass if that is longer."""
     gpu = step_time(
-        stage, chip, decodes=0, context=0, prefill_tokens=tokens, prefill_context=tokens / 2
-    ).seconds
+        stage, chip, decodes=0, context=0, prefill_tokens=tokens,
+        prefill_context=prefill_context(spec, tokens),
+    ).seconds  # fmt: skip
     return max(PREFILL_HOST_FACTOR * host_seconds(spec), gpu)
+
+
+def prefill_context(spec: ModelSpec, tokens: int) -> float:
+    """Mean context a prompt's tokens attend to, as the kernels compute it: half the prompt
+    under a causal SDPA, but the whole square in a sliding-window layer once the prompt
+    passes the window, where SDPA gets an explicit mask and skips no tile (Mistral-7B-v0.1's
+    32,768-token prefill on the H200: 2.90 s, against 1.50 s counted as causal)."""
+    sliding = spec.layer_kinds.count("sliding")
+    if not sliding or not spec.sliding_window or tokens <= spec.sliding_window:
+        return tokens / 2
+    return tokens / 2 * (1 + sliding / max(spec.attention_layers, 1))
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
