@@ -623,6 +623,75 @@ def test_a_prefill_group_holds_at_most_the_planned_tokens(tiny_llama: Path) -> N
     assert run(None) == [(4, 20)]
 
 
+@pytest.mark.parametrize("family", ["llama", "mistral", "gemma2"])
+def test_continuous_batching_gives_each_request_what_it_gets_alone(
+    family: str, tmp_path: Path
+) -> None:
+    """In-process, float32, greedy: one request runs, four more join it mid-generation
+    (their prefills merged into the running batch), prompts of 3-20 tokens. Each gets the
+    tokens it gets when run alone, on full attention and on sliding-window caches (an
+    8-token window: every layer on Mistral, every other one on Gemma-2), whose layers keep
+    the window less one token: merged and trimmed to that, not to the mask's width. (Until
+    2026-11-28 a sliding-window batch took no new rows: requests waited for it to drain.)"""
+    import threading
+
+    import torch
+    from models import build_model
+
+    from oominfer.engines import transformers as hf
+    from oominfer.engines.transformers.kv import Batch
+
+    window = None if family == "llama" else 8
+    folder = build_model(tmp_path / family, family=family, sliding_window=window,
+                         dtype="float32")  # fmt: skip
+    config = hf.resolve_config(hf.parse_args(["--model", str(folder), "--dtype", "float32"]))
+    engine = hf.ModelRunner.load(config)
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(5, 200, (n,), generator=g).tolist() for n in (20, 5, 13, 3, 9)]
+    steps = 48
+
+    def alone(prompt: list[int]) -> list[int]:
+        cache, mask, logits = engine.prefill([prompt])
+        out = [int(logits.argmax(-1))]
+        batch = Batch(cache=cache, mask=mask, last=torch.tensor(out), seqs=[])
+        while len(out) < steps:
+            out.append(int(engine.decode(batch).argmax(-1)))
+            batch.last = torch.tensor(out[-1:])
+        return out
+
+    expected = [alone(p) for p in prompts]
+    scheduler = hf.Scheduler(engine, max_num_seqs=8, max_queue=16, metrics=hf.Metrics())
+    seqs = [hf.Seq(prompt=p, max_tokens=steps, temperature=0, ignore_eos=True) for p in prompts]
+    first_running, all_done = threading.Event(), threading.Event()
+    finished: list[hf.Event] = []
+
+    def emit(event: hf.Event) -> None:
+        if len(seqs[0].generated) >= 4:
+            first_running.set()
+        if not isinstance(event, hf.TokenEvent):
+            finished.append(event)
+            if len(finished) == len(seqs):
+                all_done.set()
+
+    for seq in seqs:
+        seq.emit = emit
+    passes = engine.forward_passes
+    scheduler.submit(seqs[0])
+    scheduler.start()
+    try:
+        assert first_running.wait(60)
+        for seq in seqs[1:]:
+            scheduler.submit(seq)
+        assert all_done.wait(120), finished
+    finally:
+        scheduler.close()
+    assert all(isinstance(e, hf.FinishEvent) for e in finished), finished
+    assert [s.generated for s in seqs] == expected
+    # The four joined the first while it ran (fewer passes than two batches one after the
+    # other), and the first, its prompt the longest, left before them: the batch was trimmed.
+    assert engine.forward_passes - passes < 2 * steps
+
+
 # shutdown
 
 

@@ -21,10 +21,27 @@ class Batch:
 
 
 def can_merge(cache: Any) -> bool:
-    """True when every layer is a plain ``DynamicLayer`` (no sliding window): rows can join."""
-    from transformers.cache_utils import DynamicLayer
+    """True when every layer keeps keys and values by token, all of them or a sliding window
+    of them (``DynamicLayer``, ``DynamicSlidingWindowLayer``): rows can join and leave. A
+    cache of other states (a hybrid model's) cannot take new rows."""
+    from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
-    return all(type(layer) is DynamicLayer for layer in cache.layers)
+    return all(type(layer) in (DynamicLayer, DynamicSlidingWindowLayer) for layer in cache.layers)
+
+
+def _kept(layer: Any, width: int) -> int:
+    """Tokens a layer holds for a batch whose mask is ``width`` wide: all of them, or a
+    sliding-window layer's last ``sliding_window - 1`` (the mask's last columns)."""
+    if getattr(layer, "is_sliding", False):
+        return int(min(width, layer.sliding_window - 1))
+    return width
+
+
+def _set_width(layer: Any, width: int) -> None:
+    """A sliding-window layer sizes its attention mask by the tokens it has seen: the mask's
+    width once rows are padded or trimmed."""
+    if getattr(layer, "is_sliding", False):
+        layer.cumulative_length = width
 
 
 def _pad_left(t: torch.Tensor, width: int) -> torch.Tensor:
@@ -35,16 +52,18 @@ def _pad_left(t: torch.Tensor, width: int) -> torch.Tensor:
 
 
 def merge_batches(a: Batch, b: Batch) -> Batch:
-    """Append ``b``'s rows to ``a``: caches and masks left-padded to the longer of the two."""
+    """Append ``b``'s rows to ``a``: masks left-padded to the longer of the two, each layer's
+    keys and values to what that layer keeps of it (all of it, or its window less one)."""
     la, lb = a.mask.shape[1], b.mask.shape[1]
     width = max(la, lb)
     for layer_a, layer_b in zip(a.cache.layers, b.cache.layers, strict=True):
-        layer_a.keys = torch.cat(
-            [_pad_left(layer_a.keys, width - la), _pad_left(layer_b.keys, width - lb)]
-        )
+        kept = _kept(layer_a, width)
+        pad_a, pad_b = kept - layer_a.keys.shape[-2], kept - layer_b.keys.shape[-2]
+        layer_a.keys = torch.cat([_pad_left(layer_a.keys, pad_a), _pad_left(layer_b.keys, pad_b)])
         layer_a.values = torch.cat(
-            [_pad_left(layer_a.values, width - la), _pad_left(layer_b.values, width - lb)]
+            [_pad_left(layer_a.values, pad_a), _pad_left(layer_b.values, pad_b)]
         )
+        _set_width(layer_a, width)
     mask = torch.cat(
         [
             torch.nn.functional.pad(a.mask, (width - la, 0)),
@@ -64,9 +83,12 @@ def select_rows(batch: Batch, keep: list[int], *, trim: bool) -> Batch:
         first = int(used[0]) if used.numel() else 0
         if first > 0:
             mask = mask[:, first:]
+            width = mask.shape[1]
             for layer in batch.cache.layers:
-                layer.keys = layer.keys[:, :, first:, :]
-                layer.values = layer.values[:, :, first:, :]
+                kept = _kept(layer, width)
+                layer.keys = layer.keys[:, :, layer.keys.shape[-2] - kept :, :]
+                layer.values = layer.values[:, :, layer.values.shape[-2] - kept :, :]
+                _set_width(layer, width)
     return Batch(cache=batch.cache, mask=mask, last=last, seqs=[batch.seqs[i] for i in keep])
 
 
