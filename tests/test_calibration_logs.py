@@ -95,13 +95,11 @@ XFAIL: dict[tuple[str, str], str] = {
     "(memory/profile.py post_capture_short), but this unnamed GPU's capture took 3.49 GiB "
     "(likely an A100's, and a foreign 494 MiB process beside it) against the 0.56 GiB fitted "
     "for a GPU not known to be one",
-    ("g3-14", "kv_cache"): "the same flags gave 0.41 GiB here (a failed start) and 0.49 GiB "
-    "(g3-13) on the same RTX 3090 minutes apart: run-to-run noise at the edge of the budget, "
-    "where 0.49 is estimated",
-    ("g3-14", "verdict"): "the same flags failed here and started in g3-13 (0.44 GiB needed, "
-    "0.41 and 0.49 available): the estimate, 0.49, follows the start",
-    ("c08", "kv_cache"): "0.9.0.1's multimodal profiling on an L4 left 1.81 GiB where 1.99 is "
-    "estimated",
+    ("g3-13", "kv_cache"): "the same flags gave 0.49 GiB here (a start) and 0.41 GiB "
+    "(g3-14, a failed start) on the same RTX 3090 minutes apart: run-to-run noise at the edge "
+    "of the budget, where 0.44 is estimated",
+    ("g3-13", "verdict"): "the same flags started here and failed in g3-14 (0.44 GiB needed, "
+    "0.49 and 0.41 available): the estimate, 3 MiB short of 0.44, follows the failure",
     ("g7-01", "weights"): "Llama-4-Scout at TP 8 holds 1.4 GiB a GPU above its tensors and the "
     "2.5 GiB rotary cache over its 10,485,760 positions (without the cache it was 14% light): "
     "26.38 GiB estimated vs 27.81",

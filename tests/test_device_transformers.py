@@ -65,9 +65,6 @@ def _breakdown(row: dict[str, Any], tokens: int) -> Any:
 # Measurements the model does not meet, each with what was seen: a strict xfail, so that a
 # change that meets one says so.
 MISSES: dict[str, str] = {
-    "run4-H200-SXM-141GB-gemma-3-1b-it": "2.6% light: the caching allocator's rounding of "
-    "its 10-20 MiB weights (50.4 MiB; a memory snapshot shows no live tensor beyond the "
-    "parameters), which the model leaves out",
     "run5-H200-SXM-141GB-gemma-2-27b-it-512": "9.7% light (14.5 MB) on a 512-token pass "
     "inside the window, unexplained; 2,048 and 8,192 tokens are within 0.2%",
     "run5-H200-SXM-141GB-gemma-2-2b-it-2048": "7.7% light (12.7 MB) inside the window, "

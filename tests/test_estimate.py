@@ -202,6 +202,38 @@ def test_weights_llama_8b_bf16() -> None:
     assert run(LLAMA_8B, max_model_len=8192).weights_bytes == 16_060_522_496 + rope
 
 
+def test_the_allocator_rounds_qwen2_5_7b_weights_by_hand() -> None:
+    """Each weight tensor of 10 MiB or more gets a segment of its own, rounded up to 2 MiB;
+    a remainder of 1 MiB or less stays with it and torch counts it allocated (as vLLM's
+    "Model loading took" does). Qwen2.5-7B under vLLM, per layer: QKV 4,608 x 3,584 x 2 =
+    31.5 MiB (+0.5), O 24.5 MiB (a 1.5 MiB remainder splits off: +0), gate/up 2 x 18,944 x
+    3,584 x 2 = 259 MiB (+1), down 129.5 MiB (+0.5): 2 MiB a layer, 56 over 28; the
+    embedding and the untied LM head, 1,039.5 MiB each, +0.5 each: 57 MiB, which the logs
+    of Qwen2.5-7B (c10, g3, g17) had shown as the 0.4% the weights were light. transformers
+    keeps q, k, v, gate and up apart: 1.5 MiB a layer (gate, up, down) and the same 1 MiB
+    for the embedding and head, 43 MiB (45,089,280 bytes above the parameters on the H200,
+    less one 32 MiB cuBLAS workspace)."""
+    from oominfer.memory.weights import allocator_rounding, weight_rounding_bytes
+
+    assert allocator_rounding(9 * MiB + 1) == 0  # below 10 MiB: a shared segment
+    assert allocator_rounding(20 * MiB) == 0
+    assert allocator_rounding(31 * MiB + MiB // 2) == MiB // 2
+    assert allocator_rounding(24 * MiB + MiB // 2) == 0
+    qwen = spec("Qwen/Qwen2.5-7B-Instruct")
+    rounded = weight_rounding_bytes(qwen, dtype="bfloat16", quantization=None, tp=1, fused=True)
+    assert rounded == [57 * MiB]
+    assert weight_rounding_bytes(qwen, dtype="bfloat16", quantization=None, tp=1,
+                                 fused=False) == [43 * MiB]  # fmt: skip
+    assert weight_rounding_bytes(qwen, dtype="bfloat16", quantization="fp8", tp=1, fused=True) == [
+        0
+    ]  # quantized tensors are not modelled
+    plain = run(qwen, max_model_len=8192)
+    assert plain.weights_bytes == (
+        weights_bytes(qwen, dtype="bfloat16") + rope_cache_bytes(qwen, dtype="bfloat16")
+        + 57 * MiB
+    )  # fmt: skip
+
+
 def test_weights_gptq_by_hand() -> None:
     # Projections: 32 x (41,943,040 attention + 176,160,768 MLP) = 6,979,321,856 at 4 bits
     # = 3,489,660,928, plus one fp16 scale and one 4-bit zero per group of 128 (no group_size
@@ -257,9 +289,13 @@ def test_quantized_weights_lower_than_bf16(model_id: str, max_bytes_per_param: f
 def test_tensor_parallel_halves_weights() -> None:
     one = run(LLAMA_8B, max_model_len=8192)
     two = run(LLAMA_8B, gpus=2, max_model_len=8192, tensor_parallel_size=2)
-    # 16,060,522,496 / 2 = 8,030,261,248; the rotary cache is whole on each GPU.
+    # 16,060,522,496 / 2 = 8,030,261,248; the rotary cache is whole on each GPU. A rank's
+    # embedding and LM head (64,128 x 4,096 x 2 bytes: 501 MiB each) keep the caching
+    # allocator's 1 MiB remainder (memory/weights.py allocator_rounding); every other tensor
+    # of Llama's is a multiple of 2 MiB, as are the whole ones on one GPU.
     rope = rope_cache_bytes(LLAMA_8B, dtype="bfloat16")
-    assert two.weights_bytes - rope == (one.weights_bytes - rope) // 2 == 8_030_261_248
+    assert one.weights_bytes - rope == 16_060_522_496
+    assert two.weights_bytes - rope - 2 * MiB == 8_030_261_248
 
 
 def test_pipeline_parallel_puts_the_embedding_on_the_busiest_stage() -> None:

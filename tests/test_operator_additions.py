@@ -29,7 +29,7 @@ from oominfer.memory.additions import (
 )
 from oominfer.memory.breakdown import MemoryBreakdown
 from oominfer.memory.estimate import estimate
-from oominfer.memory.weights import rope_cache_bytes, weights_bytes
+from oominfer.memory.weights import rope_cache_bytes, weight_rounding_bytes, weights_bytes
 from oominfer.model.load import load_spec
 from oominfer.planning.document import Plan
 from oominfer.rules.versions import CURRENT_VLLM, EngineVersion
@@ -554,7 +554,9 @@ def test_the_vision_tower_is_in_the_weights_once() -> None:
     assert b.additions.non_kv_bytes == b.additions.multimodal_bytes  # the tower not again
     text_only = dataclasses.replace(spec, params=dataclasses.replace(spec.params, vision=0))
     rope = rope_cache_bytes(spec, dtype="bfloat16")
-    text = weights_bytes(text_only, dtype="bfloat16") + rope
+    (rounding,) = weight_rounding_bytes(spec, dtype="bfloat16", quantization=None, tp=1,
+                                        fused=True)  # fmt: skip
+    text = weights_bytes(text_only, dtype="bfloat16") + rope + rounding
     assert b.weights_bytes - text == 423_058_032 * 2
     unbuilt = of("google/gemma-3-27b-it", h100, limit_mm_per_prompt='{"image": 0}')
     assert unbuilt.additions.vision_tower_bytes == 0

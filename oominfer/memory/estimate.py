@@ -62,11 +62,13 @@ from oominfer.memory.transformers import transformers_breakdown, unquantized_exp
 from oominfer.memory.weights import (
     marlin_fp8_scale_bytes,
     mxfp4_expert_ratio,
+    on_gpu_rounding,
     pp_layer_ranges,
     resolve_dtype,
     rope_cache_bytes,
     stage_expert_bytes,
     stage_weights,
+    weight_rounding_bytes,
 )
 from oominfer.model.spec import ATTENTION_KINDS, STATE_KINDS, ModelSpec
 from oominfer.rules import kv_cache as kv_cache_rules
@@ -153,13 +155,20 @@ def estimate(
     state_layer = spec.state_elements_per_layer * state_dtype // tp
     budget = math.ceil(gpu.cuda_total_bytes * s.gpu_memory_utilization)
     if engine == "transformers":
+        kept = 0
+        if device == "cuda":  # transformers keeps each projection as its own tensor
+            (whole,) = weight_rounding_bytes(
+                spec, dtype=dtype, quantization=s.quantization, tp=tp, fused=False
+            )
+            kept = on_gpu_rounding(whole, sum(stages) // tp, offload)
         return transformers_breakdown(
             spec,
             dtype=dtype,
             budget=budget,
             total=gpu.cuda_total_bytes,
             weights=max(0, sum(stages) // tp - offload)
-            + unquantized_expert_bytes(spec, dtype=dtype, quantization=s.quantization) // tp,
+            + unquantized_expert_bytes(spec, dtype=dtype, quantization=s.quantization) // tp
+            + kept,
             per_token=per_layer * spec.attention_layers,
             state_per_seq=state_layer * spec.state_layers,
             seqs=seqs,
@@ -238,6 +247,7 @@ def estimate(
         # Where FULL graphs fall back to PIECEWISE, the draft runs eager (vLLM issue #54992).
         extra = dataclasses.replace(extra, speculative_graph_bytes=graphs_of(proposer.layers))
     expert_stages = stage_expert_bytes(spec, dtype=dtype, quantization=s.quantization, pp=pp)
+    rounding = [0] * pp
     if device == "cuda":
         # MXFP4 MoE kernels hold the experts padded (memory/weights.py mxfp4_expert_ratio).
         ratio = mxfp4_expert_ratio(spec, gpu=gpu, version=version, expert_slices=expert_slices(s))
@@ -251,6 +261,10 @@ def estimate(
         )
         stages = [w + g for w, g in zip(stages, scales, strict=True)]
         expert_stages = [e + g for e, g in zip(expert_stages, expert_scales, strict=True)]
+        # The caching allocator's rounding of each large weight tensor, on each GPU.
+        rounding = weight_rounding_bytes(
+            spec, dtype=dtype, quantization=s.quantization, tp=tp, pp=pp, fused=True
+        )
     block = block_size(spec, gpu, device=device, kv_cache_dtype=s.kv_cache_dtype)
     blocks_of_state = state_blocks(
         state_blocks_per_request(spec, gpu, version), s, drafted=decode_query_len - 1
@@ -267,6 +281,7 @@ def estimate(
         if s.data_parallel_size > 1 or s.enable_expert_parallel:
             stage_bytes = (stage_bytes - expert_stages[index]) + experts * tp
         weights = max(0, stage_bytes // tp - offload) + rope
+        weights += on_gpu_rounding(rounding[index], stage_bytes // tp, offload)
         added = dataclasses.replace(extra, expert_weights_bytes=experts, experts_per_gpu=per_gpu)
         in_budget_extra = added.non_kv_bytes - (
             0 if version.graphs_in_budget else added.speculative_graph_bytes
