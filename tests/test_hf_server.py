@@ -662,12 +662,15 @@ def test_continuous_batching_gives_each_request_what_it_gets_alone(
     expected = [alone(p) for p in prompts]
     scheduler = hf.Scheduler(engine, max_num_seqs=8, max_queue=16, metrics=hf.Metrics())
     seqs = [hf.Seq(prompt=p, max_tokens=steps, temperature=0, ignore_eos=True) for p in prompts]
-    first_running, all_done = threading.Event(), threading.Event()
+    first_running, joined, all_done = threading.Event(), threading.Event(), threading.Event()
     finished: list[hf.Event] = []
 
     def emit(event: hf.Event) -> None:
-        if len(seqs[0].generated) >= 4:
+        # The worker calls this outside the scheduler's lock: holding it here, four tokens
+        # into the first request, makes the others join before that one can end.
+        if len(seqs[0].generated) >= 4 and not first_running.is_set():
             first_running.set()
+            joined.wait(30)
         if not isinstance(event, hf.TokenEvent):
             finished.append(event)
             if len(finished) == len(seqs):
@@ -682,6 +685,7 @@ def test_continuous_batching_gives_each_request_what_it_gets_alone(
         assert first_running.wait(60)
         for seq in seqs[1:]:
             scheduler.submit(seq)
+        joined.set()
         assert all_done.wait(120), finished
     finally:
         scheduler.close()
