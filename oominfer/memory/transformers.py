@@ -73,7 +73,7 @@ def transformers_seq_kv_bytes(spec: ModelSpec, *, length: int, per_token: int) -
     layers = spec.attention_layers
     if not layers:
         return 0
-    sliding = spec.layer_kinds.count("sliding")
+    sliding = spec.sliding_layers
     kept = transformers_kept_tokens(spec, length)
     return per_token // layers * ((layers - sliding) * length + sliding * kept)
 
@@ -90,7 +90,7 @@ def _sliding_prefill_bytes(
     values, which keeps the whole prompt's storage alive until the first decode step.
     Measured on Gemma-2-9B (8,192 tokens), Gemma-3-1B (2,048-32,768) and Phi-3-mini
     (2,048) on an H200 (run 4): without these, 45%, 28-62% and 3% low."""
-    sliding = spec.layer_kinds.count("sliding")
+    sliding = spec.sliding_layers
     window = spec.sliding_window or 0
     if not sliding or tokens <= window:
         return 0, 0
@@ -139,12 +139,11 @@ def _longest_fitting(spec: ModelSpec, room: int, *, per_token: int) -> int:
     kept = transformers_kept_tokens(spec, limit)
     if longest < kept:
         return longest
-    full = spec.attention_layers - spec.layer_kinds.count("sliding")
+    full = spec.attention_layers - spec.sliding_layers
     if not full:
         return limit
     per_layer = per_token // spec.attention_layers
-    sliding = spec.attention_layers - full
-    longest = (room - sliding * kept * per_layer) // (full * per_layer)
+    longest = (room - spec.sliding_layers * kept * per_layer) // (full * per_layer)
     return int(min(limit, longest))
 
 

@@ -244,6 +244,11 @@ class ModelSpec:
         return sum(1 for k in self.layer_kinds if k in ATTENTION_KINDS)
 
     @property
+    def sliding_layers(self) -> int:
+        """Attention layers that keep only a sliding window of the KV cache."""
+        return self.layer_kinds.count("sliding")
+
+    @property
     def state_layers(self) -> int:
         """Layers that keep a fixed recurrent state per sequence instead of a KV cache."""
         return sum(1 for k in self.layer_kinds if k in STATE_KINDS)

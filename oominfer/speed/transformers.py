@@ -96,7 +96,7 @@ def prefill_context(spec: ModelSpec, tokens: int) -> float:
     under a causal SDPA, but the whole square in a sliding-window layer once the prompt
     passes the window, where SDPA gets an explicit mask and skips no tile (Mistral-7B-v0.1's
     32,768-token prefill on the H200: 2.90 s, against 1.50 s counted as causal)."""
-    sliding = spec.layer_kinds.count("sliding")
+    sliding = spec.sliding_layers
     if not sliding or not spec.sliding_window or tokens <= spec.sliding_window:
         return tokens / 2
     return tokens / 2 * (1 + sliding / max(spec.attention_layers, 1))
