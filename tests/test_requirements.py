@@ -86,6 +86,21 @@ def test_auto_keeps_the_longest_that_fits() -> None:
     assert auto["settings"]["max_model_len"] == default["settings"]["max_model_len"]
 
 
+def test_estimate_auto_is_the_longest_context_that_fits() -> None:
+    """``estimate --max-model-len auto`` answers with the longest context that fits: one
+    block more does not fit, and the no-fit hint of the defaults names the same length."""
+    result = invoke("estimate", LLAMA_8B, "--gpu", "L4", "--max-model-len", "auto", "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    longest = doc["settings"]["max_model_len"]
+    assert 8192 < longest < 131072
+    assert doc["per_gpu"]["kv_cache_tokens"] >= longest
+    longer = invoke("estimate", LLAMA_8B, "--gpu", "L4", "--max-model-len", str(longest + 16))
+    assert longer.exit_code == ExitStatus.DOES_NOT_FIT, longer.output
+    defaults = invoke("estimate", LLAMA_8B, "--gpu", "L4")
+    assert f"--max-model-len {longest}" in defaults.output + defaults.stderr
+
+
 @pytest.mark.parametrize("value", ["1", "100"])
 def test_a_context_too_short_to_serve_is_refused(value: str) -> None:
     result = invoke("fit", LLAMA_8B, "--gpu", "L4", "--max-model-len", value, "--no-verify")

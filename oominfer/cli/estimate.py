@@ -192,10 +192,11 @@ def _auto_fit(
     """``--max-model-len auto``: the longest context that fits, found as vLLM's auto-fit
     finds it (v1/core/kv_cache_utils.py _auto_fit_max_model_len); the trained length when
     nothing fits (the estimate then says by how much)."""
-    from oominfer.planning.constraints import Constraints
+    from oominfer.planning.constraints import SHORTEST_USEFUL, Constraints
     from oominfer.planning.search import settle
 
-    c = Constraints(engine=engine, engine_version=release, min_context=1)
+    # Down to the shortest context a prompt fits in, not below (Constraints refuses less).
+    c = Constraints(engine=engine, engine_version=release, min_context=SHORTEST_USEFUL)
     trial = dataclasses.replace(settings, max_model_len=spec.max_position_embeddings)
     found = settle(spec, hardware, c, trial)
     return found.settings if found is not None else trial
