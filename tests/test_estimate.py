@@ -518,6 +518,12 @@ def test_transformers_sliding_window_layers_keep_the_window_less_one() -> None:
     assert transformers_seq_kv_bytes(gemma, length=4095, per_token=b.kv_bytes_per_token) == (
         4095 * b.kv_bytes_per_token
     )
+    # What the planner and the speed model count requests with is the same cache: one
+    # request of 8,192 tokens does not fit, one of 4,096 does, as many as max_concurrency.
+    assert b.seq_kv_bytes(8192) == seq and b.seq_kv_bytes(4096) == at_4096
+    assert b.requests_at(4096) == pytest.approx(b.max_concurrency, abs=0.005)
+    assert b.requests_at(8192) < 1 <= b.running_at(4096)
+    assert b.kv_cache_tokens == b.kv_cache_bytes * 4096 // at_4096 > room // b.kv_bytes_per_token
 
 
 def test_vision_tower_counted_by_hand() -> None:

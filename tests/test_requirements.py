@@ -101,6 +101,23 @@ def test_estimate_auto_is_the_longest_context_that_fits() -> None:
     assert f"--max-model-len {longest}" in defaults.output + defaults.stderr
 
 
+def test_a_sliding_window_plan_on_transformers_counts_what_its_cache_holds() -> None:
+    """Gemma-3-27B on one L4 through the transformers engine: 52 of its 62 layers keep a
+    1,023-token window, so the plan's short context still holds a request of the typical
+    length, and the plan says how fast it serves it (counted as if every layer grew, it
+    promised 0 requests of 4,096 tokens and no speed). Its context is below the practical
+    floor, and its reason says so."""
+    doc = fit_json("google/gemma-3-27b-it", "--gpu", "L4", "--engine", "transformers")
+    context = doc["settings"]["max_model_len"]
+    assert 4096 < context < 8192
+    assert doc["concurrency"]["typical_requests"] >= 1
+    assert doc["performance"]["output_tokens_per_s"] > 0
+    assert doc["predicted"]["kv_cache_tokens"] >= context
+    (lever,) = [lv for lv in doc["levers"] if lv["name"] == "max_model_len"]
+    assert "below the practical 8,192 tokens" in lever["reason"]
+    assert "vLLM" not in " ".join(lv["reason"] for lv in doc["levers"])
+
+
 @pytest.mark.parametrize("value", ["1", "100"])
 def test_a_context_too_short_to_serve_is_refused(value: str) -> None:
     result = invoke("fit", LLAMA_8B, "--gpu", "L4", "--max-model-len", value, "--no-verify")

@@ -184,3 +184,28 @@ def test_an_estimate_without_a_prediction_says_why(
     bare = invoke("estimate", "Qwen/Qwen2.5-0.5B-Instruct", "--gpu-memory", "24GiB")
     assert bare.exit_code == 0, bare.output
     assert "has no bandwidth or FLOPs figures in the catalog; pass --gpu by name" in bare.stdout
+
+
+@pytest.mark.parametrize(
+    ("ttft_s", "shown"),
+    [
+        (0.0072, "7.2 ms"),
+        (0.841, "841 ms"),
+        (9.4, "9,400 ms"),
+        (12.44, "12.4 s"),
+        (1687.6, "28 min"),
+    ],
+)
+def test_latencies_read_in_their_unit(ttft_s: float, shown: str) -> None:
+    """A queued run's TTFT of half an hour reads "28 min", not "1,687,649 ms"; one request
+    at a time is "1 request"."""
+    from oominfer.report.speed import speed_lines, speed_phrase
+    from oominfer.speed import Performance
+
+    perf = Performance(
+        ttft_s=ttft_s, tpot_s=0.1, output_tokens_per_s=9.0, requests_per_s=0.01,
+        concurrency=1, input_len=3072, output_len=1024, bound="memory",
+        requested_concurrency=1,
+    )  # fmt: skip
+    assert speed_phrase(perf).endswith(f"TTFT {shown}")
+    assert "for 1 request at once" in speed_lines(perf)[0]

@@ -57,6 +57,11 @@ class MemoryBreakdown:
     start-up snapshot by, on an empty GPU (memory/profile.py ``startup_free_bytes``): vLLM
     then refuses to start ("Free memory on device ... is less than desired GPU memory
     utilization")."""
+    sliding_kv_bytes_per_token: int = 0
+    """The part of ``kv_bytes_per_token`` in sliding-window layers that keep at most
+    ``sliding_kept_tokens`` of a sequence: the transformers engine's dynamic cache (vLLM's
+    paged ``layout`` counts its sliding layers itself)."""
+    sliding_kept_tokens: int = 0
     pipeline_stage: int = 0
     """The pipeline stage these figures are of: the one that holds the fewest KV blocks."""
     layout: KvLayout | None = field(default=None, compare=False, repr=False)
@@ -121,8 +126,16 @@ class MemoryBreakdown:
             return 0.0
         if self.layout is not None:
             return self.usable_blocks / self.layout.blocks_per_request(length)
-        per_seq = self.kv_bytes_per_token * length + self.state_bytes_per_seq
+        per_seq = self.seq_kv_bytes(length)
         return self.kv_cache_bytes / per_seq if per_seq else float(self.max_num_seqs)
+
+    def seq_kv_bytes(self, length: int) -> int:
+        """KV cache and state one unpaged sequence of ``length`` tokens holds: past the
+        sliding window only the full-attention layers grow."""
+        sliding = self.sliding_kv_bytes_per_token
+        kept = min(length, self.sliding_kept_tokens)
+        full = (self.kv_bytes_per_token - sliding) * length
+        return full + sliding * kept + self.state_bytes_per_seq
 
     def running_at(self, length: int) -> int:
         """Requests of ``length`` tokens that run at once: the pool, capped by max_num_seqs."""

@@ -172,6 +172,8 @@ def transformers_breakdown(
     kv_cache = budget - weights - activation - overhead
     per_seq = transformers_seq_kv_bytes(spec, length=max_len, per_token=per_token) + state_per_seq
     fits_len = _longest_fitting(spec, kv_cache - state_per_seq, per_token=per_token)
+    layers = spec.attention_layers
+    sliding_per_token = per_token // layers * spec.sliding_layers if layers else 0
     return MemoryBreakdown(
         engine="transformers",
         dtype=dtype,
@@ -185,10 +187,14 @@ def transformers_breakdown(
         kv_bytes_per_token=per_token,
         state_bytes_per_seq=state_per_seq,
         block_size=1,
-        kv_cache_tokens=max(0, kv_cache) // per_token if per_token else 0,
+        # Tokens in requests of max_len: past the sliding window a request holds fewer bytes
+        # than its tokens times the per-token figure of every layer.
+        kv_cache_tokens=max(0, kv_cache) * max_len // per_seq if per_seq else 0,
         max_model_len=max_len,
         max_model_len_that_fits=int(fits_len),
         max_concurrency=round(max(0, kv_cache) / per_seq, 2) if per_seq else float(seqs),
         max_num_seqs=seqs,
         max_num_batched_tokens=max_len,
+        sliding_kv_bytes_per_token=sliding_per_token,
+        sliding_kept_tokens=transformers_kept_tokens(spec, spec.max_position_embeddings),
     )

@@ -11,6 +11,7 @@ from oominfer.hardware.hardware import Hardware
 from oominfer.memory.estimate import estimate
 from oominfer.memory.profile import vllm_defaults
 from oominfer.model.spec import ModelSpec
+from oominfer.planning.constraints import PRACTICAL_CONTEXT
 from oominfer.planning.costs import why
 from oominfer.planning.document import Lever
 from oominfer.planning.search import Candidate
@@ -63,8 +64,13 @@ def explain(
         return saved(dataclasses.replace(s, **fields))
 
     if (s.max_num_seqs or default_seqs) < default_seqs:
+        held = (
+            "each request batched at once holds its float32 logits over the vocabulary"
+            if engine == "transformers"
+            else why("fewer_seqs")
+        )
         add("max_num_seqs", s.max_num_seqs,
-            f"below vLLM's {default_seqs}, the last lever before giving up: {why('fewer_seqs')}",
+            f"below the engine's {default_seqs}, the last lever before giving up: {held}",
             "fewer requests served at once", without(max_num_seqs=None))  # fmt: skip
     if s.max_num_batched_tokens is not None and s.max_num_batched_tokens < default_tokens:
         add("max_num_batched_tokens", s.max_num_batched_tokens,
@@ -72,13 +78,18 @@ def explain(
             without(max_num_batched_tokens=None))  # fmt: skip
     if best.context < spec.max_position_embeddings:
         trained = f"the model's {spec.max_position_embeddings:,} tokens"
-        add("max_model_len", best.context,
-            f"the longest context this plan fits ({trained} do not)"
-            if longest else
-            f"a practical context (whole 8k steps) within what fits without costlier levers "
-            f"({trained}: --prefer context): {why('shorter_context')}",
-            f"prompts + outputs limited to {best.context:,} tokens",
-            b.kv_bytes_per_token * (spec.max_position_embeddings - best.context))  # fmt: skip
+        if longest:
+            reason = f"the longest context this plan fits ({trained} do not)"
+        elif best.context < PRACTICAL_CONTEXT:
+            reason = (f"below the practical {PRACTICAL_CONTEXT:,} tokens, the longest context "
+                      f"that fits with every other lever turned: {why('below_floor')}")  # fmt: skip
+        else:
+            reason = (f"a practical context (whole 8k steps) within what fits without "
+                      f"costlier levers ({trained}: --prefer context): "
+                      f"{why('shorter_context')}")  # fmt: skip
+        kv_saved = b.seq_kv_bytes(spec.max_position_embeddings) - b.seq_kv_bytes(best.context)
+        add("max_model_len", best.context, reason,
+            f"prompts + outputs limited to {best.context:,} tokens", kv_saved)  # fmt: skip
     if s.enforce_eager:
         graphs = without(enforce_eager=False)
         add("enforce_eager", True, f"frees {format_bytes(graphs)} of CUDA graphs",

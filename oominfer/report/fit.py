@@ -72,7 +72,7 @@ def _speed(plan: Plan) -> list[str]:
     if p is None:
         return []
     lines = [
-        f"Predicted speed ({p.concurrency} requests at once of {p.input_len:,} prompt + "
+        f"Predicted speed ({counted(p.concurrency, 'request')} at once of {p.input_len:,} prompt + "
         f"{p.output_len:,} output tokens, {p.bound}-bound): {speed_phrase(p)}, "
         f"{p.requests_per_s:,.2f} requests/s."
     ]
@@ -124,9 +124,10 @@ def fit_report(plan: Plan, *, cached: bool = False) -> list[str]:
             fits, line = verdict(plan.baseline)
             # A bar of defaults that do not fit would look like the plan's (the same pool,
             # too small for one request): the verdict says it instead.
+            label = "vLLM defaults" if plan.engine == "vllm" else "defaults     "
             if fits:
-                lines.append(f"  vLLM defaults {bar_line(plan.baseline)}")
-            lines.append(f"  (vLLM defaults: {line})")
+                lines.append(f"  {label} {bar_line(plan.baseline)}")
+            lines.append(f"  ({label.strip()}: {line})")
         lines.append(verdict(plan.predicted)[1])
     if plan.alternatives:
         lines.append("")
@@ -152,8 +153,9 @@ def fit_report(plan: Plan, *, cached: bool = False) -> list[str]:
                 else ""
             )
             lines.append(
-                f"Measured: {m.output_tokens_per_s:,.0f} output tok/s for {m.concurrency} "
-                f"requests at once of {m.input_len}+{m.output_len} tokens{predicted}."
+                f"Measured: {m.output_tokens_per_s:,.0f} output tok/s for "
+                f"{counted(m.concurrency, 'request')} at once of "
+                f"{m.input_len}+{m.output_len} tokens{predicted}."
             )
     else:
         lines.append("Not verified (--no-verify, or no engine here): run `oominfer fit` where "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from oominfer.base.units import counted
 from oominfer.speed import Measured, Performance
 
 
@@ -41,6 +42,11 @@ def performance_json(
 
 
 def _ms(seconds: float) -> str:
+    """A latency in the unit that reads best: 7.2 ms, 841 ms, 12.4 s, 28 min."""
+    if seconds >= 600:
+        return f"{seconds / 60:,.0f} min"
+    if seconds >= 10:
+        return f"{seconds:,.1f} s"
     return f"{seconds * 1000:,.0f} ms" if seconds >= 0.01 else f"{seconds * 1000:.1f} ms"
 
 
@@ -69,7 +75,7 @@ def speed_lines(
         else ""
     )
     rows = [
-        ("speed", f"predicted for {perf.concurrency} requests at once{capped} of "
+        ("speed", f"predicted for {counted(perf.concurrency, 'request')} at once{capped} of "
                   f"{perf.input_len:,} prompt + {perf.output_len:,} output tokens{run}"),
         ("  output tok/s", f"{perf.output_tokens_per_s:,.0f} (all requests together), "
                            f"{perf.requests_per_s:,.2f} requests/s"),
