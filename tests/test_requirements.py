@@ -118,6 +118,18 @@ def test_a_sliding_window_plan_on_transformers_counts_what_its_cache_holds() -> 
     assert "vLLM" not in " ".join(lv["reason"] for lv in doc["levers"])
 
 
+def test_a_model_too_big_for_the_transformers_engine_is_shown_its_ways_out() -> None:
+    """Qwen2.5-72B in nf4 needs 41 GiB beside its cache: no L4 holds it, and the
+    transformers engine runs on one GPU. The ways out are vLLM over several L4s and a GPU
+    kind that holds it, each checked by planning it."""
+    err = fit_error("Qwen/Qwen2.5-72B-Instruct", "--gpu", "L4", "--engine", "transformers")
+    ways = err["ways_out"]
+    assert ways[0].startswith("--engine vllm --gpus 4 ")
+    gpu = next(w for w in ways if w.startswith("--gpu ")).split()[1]
+    assert fit_json("Qwen/Qwen2.5-72B-Instruct", "--gpu", gpu, "--engine", "transformers")
+    assert fit_json("Qwen/Qwen2.5-72B-Instruct", "--gpu", "L4", "--gpus", "4")
+
+
 @pytest.mark.parametrize("value", ["1", "100"])
 def test_a_context_too_short_to_serve_is_refused(value: str) -> None:
     result = invoke("fit", LLAMA_8B, "--gpu", "L4", "--max-model-len", value, "--no-verify")

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 from oominfer.base.errors import DoesNotFitError, InvalidSettingError, ModelError
 from oominfer.base.units import counted, format_bytes
+from oominfer.hardware.gpu import catalog
 from oominfer.hardware.hardware import Hardware
 from oominfer.memory.breakdown import MemoryBreakdown
 from oominfer.memory.profile import free_at_start, utilization_for_startup
@@ -166,6 +167,16 @@ def _ways_out(spec: ModelSpec, hardware: Hardware, c: Constraints) -> Iterator[s
         context = dataclasses.replace(c, prefer="context")
         if anything_fits(spec, hardware, context):
             yield "--prefer context (FP8 weights in flight, weight-only through Marlin on this GPU)"
+    if c.engine == "transformers":
+        # The transformers engine runs a model on one GPU; vLLM splits it over several.
+        vllm = dataclasses.replace(c, engine="vllm")
+        for n in (hardware.count, *(k for k in GPU_COUNTS if k > hardware.count)):
+            if anything_fits(spec, dataclasses.replace(hardware, count=n), vllm):
+                more = f" --gpus {n}" if n > hardware.count else ""
+                yield f"--engine vllm{more} (it splits the model over GPUs; transformers: one)"
+                break
+        yield from _bigger_gpu(spec, hardware, c)
+        return
     for n in GPU_COUNTS:
         if n > hardware.count and anything_fits(spec, dataclasses.replace(hardware, count=n), c):
             nodes = math.ceil(n / c.gpus_per_node)
@@ -182,6 +193,25 @@ def _ways_out(spec: ModelSpec, hardware: Hardware, c: Constraints) -> Iterator[s
         found = next(candidates(spec, hardware, shorter), None)
         if found is not None:
             yield f"--min-context {found.context}"
+
+
+def _bigger_gpu(spec: ModelSpec, hardware: Hardware, c: Constraints) -> Iterator[str]:
+    """The catalog's GPU kind with the least memory above this one's (and no older) on which
+    the same count fits."""
+    here = hardware.gpu
+    bigger = sorted(
+        (
+            g
+            for g in catalog()
+            if g.cuda_total_bytes > here.cuda_total_bytes
+            and g.compute_capability >= here.compute_capability
+        ),
+        key=lambda g: g.cuda_total_bytes,
+    )
+    for gpu in bigger:
+        if anything_fits(spec, dataclasses.replace(hardware, gpu=gpu), c):
+            yield f"--gpu {gpu.name} ({format_bytes(gpu.cuda_total_bytes)})"
+            return
 
 
 def does_not_fit(spec: ModelSpec, hardware: Hardware, c: Constraints) -> DoesNotFitError:
