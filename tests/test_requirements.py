@@ -130,6 +130,20 @@ def test_a_model_too_big_for_the_transformers_engine_is_shown_its_ways_out() -> 
     assert fit_json("Qwen/Qwen2.5-72B-Instruct", "--gpu", "L4", "--gpus", "4")
 
 
+def test_a_model_too_big_for_the_host_is_shown_the_memory_that_holds_it() -> None:
+    """Llama-3.1-70B in nf4 on a CPU with 16 GiB: the way out is the host memory that
+    holds it (checked by planning it there), and the message speaks of no GPU."""
+    llama_70b = "meta-llama/Llama-3.1-70B-Instruct"
+    cpu = ("--device", "cpu", "--engine", "transformers")
+    err = fit_error(llama_70b, *cpu, "--memory", "16GiB")
+    assert "GPU" not in err["message"] and "TP 1" not in err["message"]
+    (way,) = [w for w in err["ways_out"] if w.startswith("--memory ")]
+    memory = way.split()[1]
+    assert fit_json(llama_70b, *cpu, "--memory", memory)
+    smaller = f"{int(memory.removesuffix('GiB')) * 3 // 4}GiB"
+    fit_error(llama_70b, *cpu, "--memory", smaller)
+
+
 @pytest.mark.parametrize("value", ["1", "100"])
 def test_a_context_too_short_to_serve_is_refused(value: str) -> None:
     result = invoke("fit", LLAMA_8B, "--gpu", "L4", "--max-model-len", value, "--no-verify")

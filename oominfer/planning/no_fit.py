@@ -11,7 +11,7 @@ import math
 from collections.abc import Iterator
 
 from oominfer.base.errors import DoesNotFitError, InvalidSettingError, ModelError
-from oominfer.base.units import counted, format_bytes
+from oominfer.base.units import GiB, counted, format_bytes
 from oominfer.hardware.gpu import catalog
 from oominfer.hardware.hardware import Hardware
 from oominfer.memory.breakdown import MemoryBreakdown
@@ -36,6 +36,8 @@ from oominfer.settings import EngineSettings, flag
 
 GPU_COUNTS = (2, 4, 8, 16, 32, 64)
 """GPU counts tried as a way out."""
+HOST_MEMORY_GIB = (8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
+"""Host memory sizes (GiB) tried as a way out on the CPU."""
 
 
 def _closest(
@@ -143,6 +145,11 @@ def _ways_out(spec: ModelSpec, hardware: Hardware, c: Constraints) -> Iterator[s
             spec, hardware, dataclasses.replace(c, engine="transformers")
         ):
             yield "--engine transformers (int8/nf4 weights on the CPU)"
+        here = hardware.gpu.cuda_total_bytes
+        for gib in HOST_MEMORY_GIB:
+            if gib * GiB > here and anything_fits(spec, Hardware.cpu(gib * GiB), c):
+                yield f"--memory {gib}GiB (if the host has it)"
+                break
         return
     for name in quantized_siblings(spec):
         try:
@@ -233,9 +240,10 @@ def does_not_fit(spec: ModelSpec, hardware: Hardware, c: Constraints) -> DoesNot
         shortfall = b.startup_short_bytes
     elif b.kv_cache_bytes <= 0:
         need = b.non_kv_bytes
+        per = "" if hardware.is_cpu else " per GPU"
         why = (
             f"the weights and activations of the closest plan ({_describe(b, closest)}) need "
-            f"{format_bytes(need)} per GPU, the budget is {format_bytes(b.budget_bytes)} "
+            f"{format_bytes(need)}{per}, the budget is {format_bytes(b.budget_bytes)} "
             f"(short by {format_bytes(max(need - b.budget_bytes, 0))} before any KV cache)"
         )
         shortfall = max(need - b.budget_bytes, 1)
@@ -267,8 +275,10 @@ def does_not_fit(spec: ModelSpec, hardware: Hardware, c: Constraints) -> DoesNot
 
 
 def _describe(b: MemoryBreakdown, s: EngineSettings) -> str:
-    """The closest plan's shape in a few words."""
-    parts = [f"TP {s.tensor_parallel_size} x PP {s.pipeline_parallel_size}"]
+    """The closest plan's shape in a few words (its layout where it spans GPUs)."""
+    parts = []
+    if s.tensor_parallel_size * s.pipeline_parallel_size > 1 or b.engine == "vllm":
+        parts.append(f"TP {s.tensor_parallel_size} x PP {s.pipeline_parallel_size}")
     parts.append(f"{s.quantization} weights" if s.quantization else f"{b.dtype} weights")
     if s.kv_cache_dtype != "auto":
         parts.append(f"{s.kv_cache_dtype} KV cache")
