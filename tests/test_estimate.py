@@ -487,6 +487,39 @@ def test_transformers_engine_returns_a_breakdown() -> None:
     assert b.fits
 
 
+def test_transformers_padded_prefill_groups_count_their_mask() -> None:
+    """Prompts of unequal length in one prefill group make a boolean [rows, 1, n, n] mask
+    (held through the pass; SDPA copies it in the model's dtype and takes the keys and
+    values repeated to every head). The scheduler pads no prompt past 2,048 tokens, so at
+    32,768 prefill tokens the mask is at most 32,768 x 2,048 elements: Llama-3.1-8B's MLP
+    block still sets the peak, and the held mask adds its 64 MiB. One sequence at a time
+    makes no group."""
+    from oominfer.memory.transformers import PADDED_GROUP_WIDTH, transformers_forward_bytes
+
+    llama = spec("meta-llama/Llama-3.1-8B-Instruct")
+    alone = transformers_forward_bytes(llama, tokens=32768, dtype_size=2, tp=1)
+    grouped = transformers_forward_bytes(llama, tokens=32768, dtype_size=2, tp=1, groups=True)
+    assert PADDED_GROUP_WIDTH == 2048
+    assert grouped - alone == 32768 * 2048 == 64 * MiB
+    # Short of two widths, the largest group is two rows of half the tokens each.
+    short = transformers_forward_bytes(llama, tokens=2048, dtype_size=2, tp=1, groups=True)
+    assert short - transformers_forward_bytes(llama, tokens=2048, dtype_size=2, tp=1) == (
+        2 * 1024 * 1024
+    )
+
+    def activation(seqs: int) -> int:
+        return estimate(
+            llama,
+            hardware=Hardware(gpu=find_gpu("H100")),
+            settings=EngineSettings(max_model_len=32768, max_num_seqs=seqs),
+            engine="transformers",
+            version=CURRENT_VLLM,
+        ).activation_bytes
+
+    logits = llama.vocab_size * 4 * 2  # float32 logits and their softmax, per sequence
+    assert activation(2) - activation(1) == 64 * MiB + logits
+
+
 def test_transformers_sliding_window_layers_keep_the_window_less_one() -> None:
     """Gemma-2-9B: 21 full and 21 sliding layers (window 4,096), 8,192 bytes a token a layer
     in bf16. A sequence of 8,192 tokens keeps 21 x 8,192 + 21 x 4,095 tokens' worth, as the

@@ -576,7 +576,9 @@ def test_a_prefill_group_holds_at_most_the_planned_tokens(tiny_llama: Path) -> N
     """In-process: four 20-token prompts queued at once, with a 64-token prefill bound
     (the plan's max_model_len, which its memory sized one forward pass for): the first group
     takes three (3 x 20 = 60), the fourth waits one iteration; all four finish. Unbounded,
-    the four go in one group of 80 tokens."""
+    the four go in one group of 80 tokens. Prompts of unequal length are padded into one
+    group only up to the padded width (its mask grows with the square of it): past it each
+    is prefilled alone, while prompts of one length still share a group."""
     import threading
 
     import torch
@@ -594,10 +596,12 @@ def test_a_prefill_group_holds_at_most_the_planned_tokens(tiny_llama: Path) -> N
 
     engine.model.register_forward_pre_hook(record, with_kwargs=True)
 
-    def run(bound: int | None) -> list[tuple[int, int]]:
+    def run(
+        bound: int | None, lengths: tuple[int, ...] = (20,) * 4, width: int = 2048
+    ) -> list[tuple[int, int]]:
         prefills.clear()
         scheduler = hf.Scheduler(engine, max_num_seqs=4, max_queue=16, metrics=hf.Metrics(),
-                                 max_prefill_tokens=bound)  # fmt: skip
+                                 max_prefill_tokens=bound, padded_group_width=width)  # fmt: skip
         finished: list[hf.Event] = []
         all_done = threading.Event()
 
@@ -607,8 +611,8 @@ def test_a_prefill_group_holds_at_most_the_planned_tokens(tiny_llama: Path) -> N
                 if len(finished) == 4:
                     all_done.set()
 
-        for i in range(4):  # all queued before the worker starts
-            prompt = list(range(3 + i, 23 + i))
+        for i, length in enumerate(lengths):  # all queued before the worker starts
+            prompt = list(range(3 + i, 3 + i + length))
             scheduler.submit(hf.Seq(prompt=prompt, max_tokens=4, temperature=0,
                                     ignore_eos=True, emit=emit))  # fmt: skip
         scheduler.start()
@@ -621,6 +625,10 @@ def test_a_prefill_group_holds_at_most_the_planned_tokens(tiny_llama: Path) -> N
 
     assert run(64) == [(3, 20), (1, 20)]
     assert run(None) == [(4, 20)]
+    assert run(None, (20, 19, 18, 17), width=32) == [(4, 20)]
+    assert run(None, (20, 19, 18, 17), width=16) == [(1, 20), (1, 19), (1, 18), (1, 17)]
+    assert run(None, (20, 20, 19, 19), width=16) == [(2, 20), (2, 19)]
+    assert run(None, width=16) == [(4, 20)]  # one length: no padding, no mask
 
 
 @pytest.mark.parametrize("family", ["llama", "mistral", "gemma2"])

@@ -40,6 +40,21 @@ FP32_ROUTERS: Final = frozenset(
 float32, two more hidden-size rows per routed token (6 in all)."""
 
 
+PADDED_GROUP_WIDTH: Final = 2048
+"""The widest prompt a prefill group pads others to (the transformers engine's scheduler).
+Prompts of unequal length in one group need an explicit [rows, 1, n, n] boolean mask, which
+SDPA turns into an additive copy in the model's dtype, with the keys and values repeated to
+every head (seen in transformers 5.19's sdpa path: without padding it passes no mask and
+uses GQA). Past this width a prompt is prefilled alone (or with prompts of its own length),
+so the mask stays linear in ``max_prefill_tokens``: at most that x this width elements."""
+
+
+def padded_mask_elements(tokens: int) -> int:
+    """The largest padded prefill mask a group of at most ``tokens`` padded tokens makes:
+    rows x n x n with rows x n <= tokens, two rows or more, n <= PADDED_GROUP_WIDTH."""
+    return tokens * min(PADDED_GROUP_WIDTH, tokens // 2)
+
+
 def unquantized_expert_bytes(spec: ModelSpec, *, dtype: str, quantization: str | None) -> int:
     """What a MoE model's routed experts weigh beyond their quantized count under
     bitsandbytes on the transformers engine.
@@ -78,6 +93,12 @@ def transformers_seq_kv_bytes(spec: ModelSpec, *, length: int, per_token: int) -
     return per_token // layers * ((layers - sliding) * length + sliding * kept)
 
 
+def _repeated_kv_bytes(spec: ModelSpec, *, tokens: int, dtype_size: int, tp: int) -> int:
+    """Keys and values repeated to every query head, as transformers' SDPA path does when it
+    passes a mask (``repeat_kv``; without one it lets SDPA's GQA read the shared heads)."""
+    return tokens * 2 * spec.num_attention_heads * spec.head_dim // tp * dtype_size
+
+
 def _sliding_prefill_bytes(
     spec: ModelSpec, *, tokens: int, dtype_size: int, tp: int
 ) -> tuple[int, int]:
@@ -94,14 +115,16 @@ def _sliding_prefill_bytes(
     window = spec.sliding_window or 0
     if not sliding or tokens <= window:
         return 0, 0
-    repeated = 2 * spec.num_attention_heads * spec.head_dim // tp * dtype_size
-    at_attention = tokens * repeated + 2 * tokens * tokens
+    at_attention = _repeated_kv_bytes(spec, tokens=tokens, dtype_size=dtype_size, tp=tp)
+    at_attention += 2 * tokens * tokens
     per_layer = 2 * spec.num_kv_heads * spec.head_dim // tp * dtype_size
     beyond = tokens - transformers_kept_tokens(spec, tokens)
     return at_attention, tokens * tokens + sliding * beyond * per_layer
 
 
-def transformers_forward_bytes(spec: ModelSpec, *, tokens: int, dtype_size: int, tp: int) -> int:
+def transformers_forward_bytes(
+    spec: ModelSpec, *, tokens: int, dtype_size: int, tp: int, groups: bool = False
+) -> int:
     """Peak of one transformers forward pass over ``tokens`` tokens above the weights and
     the cache.
 
@@ -113,7 +136,10 @@ def transformers_forward_bytes(spec: ModelSpec, *, tokens: int, dtype_size: int,
     two came after the fit and showed the experts' fused gate/up and the float32 router;
     Mistral-Small-24B and Granite-3.3 were held out and came within 0.7%). A prompt longer
     than a sliding window adds its masks and the slices' storage
-    (``_sliding_prefill_bytes``).
+    (``_sliding_prefill_bytes``). With ``groups`` (max_num_seqs above one) the scheduler may
+    pad prompts of unequal length into one group, whose boolean mask is held through the pass
+    and copied in the model's dtype at attention, with the keys and values repeated to every
+    head (``padded_mask_elements``); the peak is the larger of the two passes.
     """
     qkv = (spec.num_attention_heads + 2 * spec.num_kv_heads) * spec.head_dim
     fused = spec.architecture in FUSED_GATE_UP
@@ -123,10 +149,17 @@ def transformers_forward_bytes(spec: ModelSpec, *, tokens: int, dtype_size: int,
         copies = ROUTED_COPIES + 2 * (spec.architecture in FP32_ROUTERS)
         routed = max(h + (MLP_TEMPORARIES + 1) * inter, copies * h)
         mlp = max(mlp, max(spec.num_experts_per_tok, 1) * routed)
+    projections = tokens * (qkv // tp) * dtype_size
+    at_mlp = tokens * (mlp // tp) * dtype_size
+    residual = tokens * HIDDEN_TEMPORARIES * spec.hidden_size * dtype_size
     at_attention, held = _sliding_prefill_bytes(spec, tokens=tokens, dtype_size=dtype_size, tp=tp)
-    attention = tokens * (qkv // tp) * dtype_size + at_attention
-    block = max(attention, tokens * (mlp // tp) * dtype_size)
-    return tokens * HIDDEN_TEMPORARIES * spec.hidden_size * dtype_size + block + held
+    peak = residual + max(projections + at_attention, at_mlp) + held
+    if groups:
+        mask = padded_mask_elements(tokens)
+        repeated = _repeated_kv_bytes(spec, tokens=tokens, dtype_size=dtype_size, tp=tp)
+        padded = projections + repeated + mask * dtype_size
+        peak = max(peak, residual + max(padded, at_mlp) + mask)
+    return peak
 
 
 def _longest_fitting(spec: ModelSpec, room: int, *, per_token: int) -> int:
@@ -166,7 +199,9 @@ def transformers_breakdown(
     a prefill peak over ``max_len`` tokens (the scheduler admits a prefill group of at most
     that many padded tokens; SDPA keeps no n^2 attention matrix), and fp32 logits of the
     last position only."""
-    activation = transformers_forward_bytes(spec, tokens=max_len, dtype_size=elem, tp=tp)
+    activation = transformers_forward_bytes(
+        spec, tokens=max_len, dtype_size=elem, tp=tp, groups=seqs > 1
+    )
     activation += seqs * spec.vocab_size * 4 * 2  # fp32 logits and their softmax
     overhead = TRANSFORMERS_OVERHEAD_BYTES if device == "cuda" else TRANSFORMERS_CPU_OVERHEAD_BYTES
     kv_cache = budget - weights - activation - overhead

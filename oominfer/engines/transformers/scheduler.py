@@ -4,7 +4,8 @@ The worker owns the model. It keeps a *running batch* of at most ``max_num_seqs`
 left-padded, with one ``DynamicCache`` and a 2-D attention mask (positions come from the mask's
 cumulative sum). Each iteration it admits waiting requests into the free slots (their prompts
 are prefilled together, then their caches are concatenated onto the running batch's; a group
-holds at most ``max_prefill_tokens`` padded tokens, the prefill peak the plan sized), runs one
+holds at most ``max_prefill_tokens`` padded tokens, the prefill peak the plan sized, and pads
+no prompt to more than ``PADDED_GROUP_WIDTH`` tokens), runs one
 decode step for the whole batch, hands each sequence its token, and drops finished rows
 (``batch_select_indices``) and all-padding columns. Concurrent requests therefore share every
 decode forward pass. Requests beyond the free slots wait in a bounded queue (``--max-queue``);
@@ -42,6 +43,7 @@ from oominfer.engines.transformers.oom import is_out_of_memory, release_memory
 from oominfer.engines.transformers.protocol import RETRY_AFTER_S, ApiError, busy, shutting_down
 from oominfer.engines.transformers.runner import ModelRunner
 from oominfer.engines.transformers.sequence import ErrorEvent, FinishEvent, Seq, TokenEvent, sample
+from oominfer.memory.transformers import PADDED_GROUP_WIDTH
 
 log = logging.getLogger("oominfer.transformers")
 
@@ -60,15 +62,20 @@ class Scheduler:
         max_queue: int,
         metrics: Metrics,
         max_prefill_tokens: int | None = None,
+        padded_group_width: int = PADDED_GROUP_WIDTH,
     ) -> None:
         """Create the scheduler; call ``start()`` to run its worker.
 
         ``max_prefill_tokens`` bounds one prefill group: its prompts are padded to the
         longest, so a group of n holds n x that length (a single longer prompt still runs
-        alone). The plan's memory holds one forward pass of that many tokens.
+        alone). The plan's memory holds one forward pass of that many tokens. Prompts of
+        unequal length share a group only up to ``padded_group_width`` tokens wide: their
+        padding mask grows with the square of the width (memory/transformers.py
+        PADDED_GROUP_WIDTH).
         """
         self.engine = engine
         self.max_prefill_tokens = max_prefill_tokens
+        self.padded_group_width = padded_group_width
         self.max_num_seqs = max_num_seqs
         self.max_queue = max_queue
         self.metrics = metrics
@@ -199,6 +206,7 @@ class Scheduler:
         free = min(self.max_num_seqs, self.cap) - running
         group: list[Seq] = []
         width = 0
+        even = True  # every prompt of the group has the same length: no padding, no mask
         for source in (self._resume, self._waiting):
             while source and len(group) < free:
                 seq = source[0]
@@ -211,9 +219,12 @@ class Scheduler:
                 limit = self.max_prefill_tokens
                 if group and limit is not None and (len(group) + 1) * wider > limit:
                     return group  # the rest wait for the next iteration
+                padded = not (even and (not group or len(seq.ids) == width))
+                if group and padded and wider > self.padded_group_width:
+                    return group  # its mask would grow with the square of the width
                 source.popleft()
                 group.append(seq)
-                width = wider
+                width, even = wider, not padded
                 if seq.solo:
                     return group
         return group
