@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import pytest
@@ -510,7 +511,8 @@ def test_transformers_padded_prefill_groups_count_their_mask() -> None:
     def activation(seqs: int) -> int:
         return estimate(
             llama,
-            hardware=Hardware(gpu=find_gpu("H100")),
+            # An L4: its cache is too small for a decode step to outgrow the prefill.
+            hardware=Hardware(gpu=L4),
             settings=EngineSettings(max_model_len=32768, max_num_seqs=seqs),
             engine="transformers",
             version=CURRENT_VLLM,
@@ -518,6 +520,42 @@ def test_transformers_padded_prefill_groups_count_their_mask() -> None:
 
     logits = llama.vocab_size * 4 * 2  # float32 logits and their softmax, per sequence
     assert activation(2) - activation(1) == 64 * MiB + logits
+
+
+def test_transformers_decode_of_a_full_padded_batch_fits_beside_its_cache() -> None:
+    """Qwen3-8B through the transformers engine on an 80 GB A100 at 40,960 tokens: a decode
+    step of a padded batch repeats one of its 36 layers' cache to all 32 heads (4 x its 8 KV
+    heads), 4/36 of the cache, which outgrows the prefill of 40,960 tokens: the room beside
+    the weights is split so that the two fit together. One sequence at a time only
+    concatenates (half a layer), below the prefill."""
+    from oominfer.memory.transformers import (
+        TRANSFORMERS_OVERHEAD_BYTES,
+        decode_step_share,
+        transformers_forward_bytes,
+    )
+
+    qwen = spec("Qwen/Qwen3-8B")
+    a100 = Hardware(gpu=find_gpu("A100-SXM-80GB"))
+
+    def breakdown(seqs: int) -> MemoryBreakdown:
+        return estimate(
+            qwen, hardware=a100, settings=EngineSettings(max_model_len=40960, max_num_seqs=seqs),
+            engine="transformers", version=CURRENT_VLLM,
+        )  # fmt: skip
+
+    share = decode_step_share(qwen, 40960, padded=True)
+    assert share == pytest.approx(4 / 36)
+    b = breakdown(256)
+    prefill = transformers_forward_bytes(qwen, tokens=40960, dtype_size=2, tp=1, groups=True)
+    assert b.activation_bytes > prefill + 256 * qwen.vocab_size * 8
+    room = b.budget_bytes - b.weights_bytes - TRANSFORMERS_OVERHEAD_BYTES
+    assert b.activation_bytes == math.ceil(share * room / (1 + share))
+    assert b.activation_bytes >= share * b.kv_cache_bytes
+    alone = breakdown(1)
+    assert (
+        alone.activation_bytes
+        == transformers_forward_bytes(qwen, tokens=40960, dtype_size=2, tp=1) + qwen.vocab_size * 8
+    )
 
 
 def test_transformers_sliding_window_layers_keep_the_window_less_one() -> None:

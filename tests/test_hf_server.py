@@ -869,3 +869,53 @@ def test_bitsandbytes_weights_match_the_estimate(
         assert loaded.model.layers[0].mlp.experts.gate_up_proj.dtype == torch.bfloat16
     measured = loaded.get_memory_footprint()
     assert abs(predicted / measured - 1) <= 0.05, (predicted, measured)
+
+
+def test_padded_batches_repeat_keys_and_values_as_the_memory_model_counts(
+    tiny_llama: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In-process, on the installed transformers: prompts of unequal length are prefilled
+    and decoded with an explicit boolean mask, and SDPA is handed the keys and values
+    repeated to every query head (4 here, over 2 KV heads); an even batch passes no mask and
+    shares the KV heads through SDPA's GQA. The memory model's prefill mask
+    (PADDED_GROUP_WIDTH) and decode share (decode_step_share) rest on this: it fails when a
+    transformers release takes another path."""
+    import torch
+
+    from oominfer.engines import transformers as hf
+    from oominfer.engines.transformers.kv import Batch
+    from oominfer.memory.transformers import decode_step_share
+    from oominfer.model.load import load_spec
+
+    config = hf.resolve_config(hf.parse_args(["--model", str(tiny_llama), "--dtype", "float32"]))
+    engine = hf.ModelRunner.load(config)
+    calls: list[tuple[int, Any]] = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *args: Any, **kw: Any) -> Any:
+        mask = kw.get("attn_mask")
+        calls.append((k.shape[1], None if mask is None else (tuple(mask.shape), mask.dtype)))
+        return sdpa(q, k, v, *args, **kw)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    spec = load_spec(str(tiny_llama))
+    heads, kv_heads = spec.num_attention_heads, spec.num_kv_heads
+    assert (heads, kv_heads) == (4, 2)
+
+    def first_call(prompts: list[list[int]]) -> tuple[tuple[int, Any], tuple[int, Any]]:
+        calls.clear()
+        cache, mask, _ = engine.prefill(prompts)
+        prefill = calls[0]
+        calls.clear()
+        last = torch.full((len(prompts),), 5, dtype=torch.long)
+        engine.decode(Batch(cache=cache, mask=mask, last=last, seqs=[]))
+        return prefill, calls[0]
+
+    prefill, decode = first_call([list(range(3, 23)), list(range(3, 15))])
+    assert prefill == (heads, ((2, 1, 20, 20), torch.bool))
+    assert decode == (heads, ((2, 1, 1, 21), torch.bool))
+    assert first_call([list(range(3, 23)), list(range(4, 24))]) == ((kv_heads, None),) * 2
+    # One layer's cache repeated to every head: heads / KV heads x 1 / layers of the cache.
+    share = decode_step_share(spec, 4096, padded=True)
+    assert share == pytest.approx(heads / kv_heads / spec.attention_layers)
+    assert decode_step_share(spec, 4096, padded=False) == pytest.approx(0.5 / spec.attention_layers)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Final
 
 from oominfer.base.units import MiB
@@ -97,6 +98,28 @@ def _repeated_kv_bytes(spec: ModelSpec, *, tokens: int, dtype_size: int, tp: int
     """Keys and values repeated to every query head, as transformers' SDPA path does when it
     passes a mask (``repeat_kv``; without one it lets SDPA's GQA read the shared heads)."""
     return tokens * 2 * spec.num_attention_heads * spec.head_dim // tp * dtype_size
+
+
+def decode_step_share(spec: ModelSpec, length: int, *, padded: bool) -> float:
+    """What a decode step holds beside the KV cache for a moment, as a share of the cache.
+
+    Each layer's ``DynamicLayer.update`` concatenates the new token onto its keys, then its
+    values (``torch.cat``): the old and the new tensor of one of them are alive together,
+    half a layer's cache more. Rows of unequal length (``padded``) decode with an explicit
+    mask, and transformers' SDPA path then repeats the layer's keys and values to every query
+    head (``repeat_kv``; seen in 5.19 on the CPU: a padded batch's decode gets keys of all
+    heads, an even one shares them through SDPA's GQA): (heads / KV heads) x the layer's
+    cache. The largest layer is a full-attention one, measured at sequences of ``length``
+    tokens (past the sliding window the sliding layers hold less)."""
+    layers = spec.attention_layers
+    if not layers:
+        return 0.0
+    ratio = spec.num_attention_heads / max(spec.num_kv_heads, 1)
+    held = max(0.5, ratio if padded and ratio > 1 else 0.0)
+    kept = transformers_kept_tokens(spec, length)
+    full = layers - spec.sliding_layers
+    largest = length if full else kept
+    return held * largest / (full * length + spec.sliding_layers * kept)
 
 
 def _sliding_prefill_bytes(
@@ -204,8 +227,15 @@ def transformers_breakdown(
     )
     activation += seqs * spec.vocab_size * 4 * 2  # fp32 logits and their softmax
     overhead = TRANSFORMERS_OVERHEAD_BYTES if device == "cuda" else TRANSFORMERS_CPU_OVERHEAD_BYTES
-    kv_cache = budget - weights - activation - overhead
     per_seq = transformers_seq_kv_bytes(spec, length=max_len, per_token=per_token) + state_per_seq
+    # A decode step holds a share of one layer's cache beside the cache (decode_step_share),
+    # of as much cache as max_num_seqs sequences fill: where that outgrows the prefill, the
+    # room is split between the two.
+    share = decode_step_share(spec, max_len, padded=seqs > 1)
+    room = budget - weights - overhead
+    decode = min(math.ceil(share * room / (1 + share)), math.ceil(share * seqs * per_seq))
+    activation = max(activation, decode)
+    kv_cache = budget - weights - activation - overhead
     fits_len = _longest_fitting(spec, kv_cache - state_per_seq, per_token=per_token)
     layers = spec.attention_layers
     sliding_per_token = per_token // layers * spec.sliding_layers if layers else 0
