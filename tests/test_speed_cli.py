@@ -194,6 +194,7 @@ def test_an_estimate_without_a_prediction_says_why(
         (9.4, "9,400 ms"),
         (12.44, "12.4 s"),
         (1687.6, "28 min"),
+        (532_380.0, "148 h"),
     ],
 )
 def test_latencies_read_in_their_unit(ttft_s: float, shown: str) -> None:

@@ -42,7 +42,9 @@ def performance_json(
 
 
 def _ms(seconds: float) -> str:
-    """A latency in the unit that reads best: 7.2 ms, 841 ms, 12.4 s, 28 min."""
+    """A latency in the unit that reads best: 7.2 ms, 841 ms, 12.4 s, 28 min, 148 h."""
+    if seconds >= 3 * 3600:
+        return f"{seconds / 3600:,.0f} h"
     if seconds >= 600:
         return f"{seconds / 60:,.0f} min"
     if seconds >= 10:
