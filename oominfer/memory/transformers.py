@@ -222,19 +222,19 @@ def transformers_breakdown(
     a prefill peak over ``max_len`` tokens (the scheduler admits a prefill group of at most
     that many padded tokens; SDPA keeps no n^2 attention matrix), and fp32 logits of the
     last position only."""
-    activation = transformers_forward_bytes(
+    prefill = transformers_forward_bytes(
         spec, tokens=max_len, dtype_size=elem, tp=tp, groups=seqs > 1
     )
-    activation += seqs * spec.vocab_size * 4 * 2  # fp32 logits and their softmax
+    logits = seqs * spec.vocab_size * 4 * 2  # fp32 logits and their softmax
     overhead = TRANSFORMERS_OVERHEAD_BYTES if device == "cuda" else TRANSFORMERS_CPU_OVERHEAD_BYTES
     per_seq = transformers_seq_kv_bytes(spec, length=max_len, per_token=per_token) + state_per_seq
     # A decode step holds a share of one layer's cache beside the cache (decode_step_share),
     # of as much cache as max_num_seqs sequences fill: where that outgrows the prefill, the
     # room is split between the two.
     share = decode_step_share(spec, max_len, padded=seqs > 1)
-    room = budget - weights - overhead
+    room = budget - weights - overhead - logits
     decode = min(math.ceil(share * room / (1 + share)), math.ceil(share * seqs * per_seq))
-    activation = max(activation, decode)
+    activation = logits + max(prefill, decode)
     kv_cache = budget - weights - activation - overhead
     fits_len = _longest_fitting(spec, kv_cache - state_per_seq, per_token=per_token)
     layers = spec.attention_layers
