@@ -144,6 +144,37 @@ def test_a_model_too_big_for_the_host_is_shown_the_memory_that_holds_it() -> Non
     fit_error(llama_70b, *cpu, "--memory", smaller)
 
 
+@pytest.mark.parametrize("command", ["fit", "estimate"])
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (("--kv-cache-dtype", "fp8"), "--kv-cache-dtype is a vLLM setting"),
+        (("--enforce-eager",), "--enforce-eager is a vLLM setting"),
+        (("-tp", "2", "--gpus", "2"), "--tensor-parallel-size is a vLLM setting"),
+        (
+            ("--max-num-batched-tokens", "4096", "--enable-prefix-caching"),
+            "--max-num-batched-tokens, --enable-prefix-caching are vLLM settings",
+        ),
+    ],
+)
+def test_a_vllm_setting_on_the_transformers_engine_is_refused(
+    command: str, flags: tuple[str, ...], named: str
+) -> None:
+    """What the operator types they mean: a setting the transformers engine does not take
+    is refused, naming it, rather than planned without (an FP8 KV cache estimated at half
+    the bytes the engine then holds). The share of the GPU the plan may use still counts."""
+    extra = ("--no-verify",) if command == "fit" else ()
+    result = invoke(command, "Qwen/Qwen3-8B", "--gpu", "L4", "--engine", "transformers",
+                    *extra, *flags)  # fmt: skip
+    assert result.exit_code == ExitStatus.USAGE, result.output
+    assert named in result.stderr and "--engine vllm" in result.stderr
+    assert "Traceback" not in result.output
+    utilization = invoke(command, "Qwen/Qwen3-8B", "--gpu", "L4", "--engine", "transformers",
+                         "--max-model-len", "4096", "--gpu-memory-utilization", "0.8",
+                         *extra)  # fmt: skip
+    assert utilization.exit_code == 0, utilization.output
+
+
 @pytest.mark.parametrize("value", ["1", "100"])
 def test_a_context_too_short_to_serve_is_refused(value: str) -> None:
     result = invoke("fit", LLAMA_8B, "--gpu", "L4", "--max-model-len", value, "--no-verify")

@@ -65,8 +65,28 @@ ENGINE = click.option(
     "--engine", type=click.Choice(ENGINES), default="vllm", show_default=True,
     help="vllm, or oominfer's transformers server (int8/nf4, CPUs, what vLLM cannot run).",
 )  # fmt: skip
+
+
+def _engine_version(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """``--engine-version``: read as a release now (a clear error for what is none); a
+    release newer than oominfer knows is planned by the newest one's rules, and says so."""
+    if value is None:
+        return None
+    from oominfer.rules.versions import LATEST_VLLM, EngineVersion
+
+    release = EngineVersion.parse(value).release
+    if release > LATEST_VLLM.release:
+        known = ".".join(map(str, LATEST_VLLM.release))
+        click.echo(
+            f"Warning: vLLM {value} is newer than the releases oominfer knows (up to {known}): "
+            f"its memory profile and rules are taken as {known}'s.",
+            err=True,
+        )
+    return value
+
+
 ENGINE_VERSION = click.option(
-    "--engine-version", metavar="X.Y",
+    "--engine-version", metavar="X.Y", callback=_engine_version,
     help="The vLLM release to plan for: its memory profile and rules (default: the "
     "installed vLLM, else the latest release). Before 0.12 the Docker image holds less than "
     "a pip install (FlashInfer, triton_kernels): a bare number means pip; name the image, "
@@ -379,9 +399,46 @@ def build_hardware(opts: dict[str, Any]) -> Hardware:
     return Hardware.detect(gpus, default="L4")
 
 
+SIZE_ANY_ENGINE: Final = ("gpu_memory_utilization",)
+"""vLLM settings that still size a plan on the other engine: the share of the GPU it may use
+(oominfer's budget for the transformers server, which takes no such flag itself)."""
+
+
+def refuse_other_engine_flags(opts: dict[str, Any]) -> None:
+    """Refuse the settings the user typed that the chosen engine does not take: a plan
+    that silently dropped them would not be the one asked for.
+
+    Raises:
+        InvalidSettingError: the transformers engine with tensor parallelism, an FP8 KV
+            cache, eager mode or another setting only vLLM takes.
+    """
+    ctx = click.get_current_context(silent=True)
+    engine = opts.get("engine") or "vllm"
+    if ctx is None:
+        return
+    typed = [
+        d.flag
+        for d in DECLARED
+        if d.on_command_line
+        and engine not in d.engines
+        and d.name not in SIZE_ANY_ENGINE
+        and ctx.get_parameter_source(d.name)
+        in (click.core.ParameterSource.COMMANDLINE, click.core.ParameterSource.ENVIRONMENT)
+    ]
+    if typed:
+        named = ", ".join(typed)
+        which = "is a vLLM setting" if len(typed) == 1 else "are vLLM settings"
+        raise InvalidSettingError(
+            f"{named} {which} that the {engine} engine does not take (one GPU per replica, "
+            "its cache in the model's dtype, no CUDA graphs, LoRA or drafts).",
+            hint=f"Drop {named}, or pass --engine vllm.",
+        )
+
+
 def build_settings(opts: dict[str, Any]) -> EngineSettings:
     """EngineSettings from the engine flags (the dataclass validates them); ``auto`` leaves
     the context to the caller."""
+    refuse_other_engine_flags(opts)
     given = {d.name: opts.get(d.name) for d in DECLARED if d.on_command_line}
     if given.get("max_model_len") == AUTO:
         given["max_model_len"] = None
@@ -461,6 +518,7 @@ def _check_asked_lengths(opts: dict[str, Any]) -> None:
 
 def build_constraints(opts: dict[str, Any]) -> Constraints:
     """Constraints from the fit flags (the dataclass validates them)."""
+    refuse_other_engine_flags(opts)
     _check_asked_lengths(opts)
     input_len, output_len = lengths(opts)
     typical = opts.get("typical_length") or input_len + output_len
