@@ -450,3 +450,15 @@ def test_a_small_prefill_chunk_takes_max_num_seqs_down_with_it() -> None:
     both = invoke("fit", LLAMA_8B, "--gpu", "H100", "--max-num-batched-tokens", "128",
                   "--max-num-seqs", "256", "--no-verify")  # fmt: skip
     assert both.exit_code == ExitStatus.USAGE  # two requirements vLLM refuses together
+
+
+def test_a_release_newer_than_oominfer_knows_is_planned_by_the_newest_and_says_so() -> None:
+    from oominfer.rules.versions import LATEST_VLLM
+
+    known = ".".join(map(str, LATEST_VLLM.release))
+    newer = invoke("estimate", LLAMA_8B, "--gpu", "H100", "--engine-version", "9.9")
+    assert newer.exit_code == 0, newer.output
+    assert f"taken as {known}'s" in newer.stderr
+    same = invoke("estimate", LLAMA_8B, "--gpu", "H100", "--engine-version", known)
+    assert same.exit_code == 0 and "Warning" not in same.stderr
+    assert newer.stdout == same.stdout
