@@ -165,6 +165,34 @@ def test_max_tpot_picks_the_fastest_plan_that_meets_it() -> None:
     assert perf["tpot_s"] <= free["tpot_s"] * 0.9
 
 
+def test_a_tpot_bound_caps_the_requests_a_replica_takes() -> None:
+    """Qwen3-8B on four L4s, --max-tpot 0.03: at the load each layout runs at once none
+    meets it (a GPU each: 76 ms at one request), but four GPUs at TP 4 with fewer requests
+    at once do. The plan lowers max_num_seqs to the most that meet it, says why, and is the
+    fastest such plan; with --concurrency the load is the user's and is not lowered."""
+    args = ["fit", "Qwen/Qwen3-8B", "--gpu", "L4", "--gpus", "4", "--no-verify", "--json"]
+    r = invoke(*args, "--max-tpot", "0.03")
+    assert r.exit_code == 0, r.output
+    doc = _json(r)
+    perf, settings = doc["performance"], doc["settings"]
+    assert perf["tpot_s"] <= 0.03
+    seqs = settings["max_num_seqs"]
+    assert seqs < 256 and perf["concurrency"] == seqs
+    (lever,) = [lv for lv in doc["levers"] if lv["name"] == "max_num_seqs"]
+    assert "--max-tpot 0.03" in lever["reason"]
+    # Twice the requests at once on the same plan miss it: the cap is the most that meet it.
+    same = ["--tensor-parallel-size", str(settings["tensor_parallel_size"]),
+            "--kv-cache-dtype", settings["kv_cache_dtype"]]  # fmt: skip
+    if settings["quantization"]:
+        same += ["-q", settings["quantization"]]
+    more = invoke(*args, "--max-tpot", "1", "--max-num-seqs", str(2 * seqs), *same)
+    assert more.exit_code == 0, more.output
+    assert _json(more)["performance"]["tpot_s"] > 0.03
+    asked = invoke(*args, "--max-tpot", "0.03", "--concurrency", "64")
+    assert asked.exit_code == 3, asked.output
+    assert "64 requests" in _json(asked)["message"]
+
+
 def test_an_impossible_latency_exits_3_naming_the_closest() -> None:
     r = invoke("fit", LLAMA, "--gpu", "L4", "--no-verify", "--max-tpot", "0.0005")
     assert r.exit_code == 3, r.output

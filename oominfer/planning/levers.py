@@ -28,6 +28,7 @@ def explain(
     version: EngineVersion,
     asked: frozenset[str] = frozenset(),
     longest: bool = False,
+    latency: str = "",
 ) -> tuple[Lever, ...]:
     """Each lever the chosen plan turned, why, the bytes it saved and what it costs.
 
@@ -35,6 +36,8 @@ def explain(
     reported as set by its flag, not as a lever the planner chose. Inference mode, always on,
     is no lever and is not listed. ``longest``: the plan already seeks the longest context
     (``--prefer context``), so a shorter one is not offered that flag as the way back.
+    ``latency``: the latency requirement the plan was picked for (``--max-tpot 0.03``), which
+    fewer sequences at once serve.
     """
     s, b = best.settings, best.breakdown
     levers = [
@@ -69,9 +72,13 @@ def explain(
             if engine == "transformers"
             else why("fewer_seqs")
         )
-        add("max_num_seqs", s.max_num_seqs,
-            f"below the engine's {default_seqs}, the last lever before giving up: {held}",
-            "fewer requests served at once", without(max_num_seqs=None))  # fmt: skip
+        reason = (
+            f"below the engine's {default_seqs}: no more requests at once than meet {latency}"
+            if latency
+            else f"below the engine's {default_seqs}, the last lever before giving up: {held}"
+        )
+        add("max_num_seqs", s.max_num_seqs, reason, "fewer requests served at once",
+            without(max_num_seqs=None))  # fmt: skip
     if s.max_num_batched_tokens is not None and s.max_num_batched_tokens < default_tokens:
         add("max_num_batched_tokens", s.max_num_batched_tokens,
             why("smaller_chunk"), "slower prefill of long prompts",

@@ -37,7 +37,7 @@ from oominfer.planning.search import (
     settle,
     with_offload,
 )
-from oominfer.planning.speed import fastest_within, performance_of
+from oominfer.planning.speed import fastest_within, latency_asked, performance_of
 from oominfer.settings import Dtype, Engine, EngineSettings
 from oominfer.speed import Performance
 
@@ -111,7 +111,7 @@ def plan(spec: ModelSpec, hardware: Hardware, constraints: Constraints) -> PlanR
         asked |= {"gpu_memory_utilization"}
     levers = explain(
         spec, hardware, chosen, engine=c.engine, version=c.vllm_version, asked=asked,
-        longest=c.prefer == "context",
+        longest=c.prefer == "context", latency=latency_asked(c),
     )  # fmt: skip
     if switched is not None:
         levers = (*levers[:1], switched, *levers[1:])
