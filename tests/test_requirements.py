@@ -130,6 +130,30 @@ def test_a_model_too_big_for_the_transformers_engine_is_shown_its_ways_out() -> 
     assert fit_json("Qwen/Qwen2.5-72B-Instruct", "--gpu", "L4", "--gpus", "4")
 
 
+def test_a_model_too_big_for_the_gpus_names_a_rented_kind_that_holds_it() -> None:
+    """Llama-3.3-70B on one L4: beside more L4s, the way out names the smallest GPU kind the
+    clouds rent on which one GPU holds it, checked by planning it there (a smaller one
+    does not)."""
+    from oominfer.hardware.gpu import find_gpu
+    from oominfer.planning.no_fit import RENTED_GPUS
+
+    ways = fit_error(LLAMA_70B, "--gpu", "L4")["ways_out"]
+    (way,) = [w for w in ways if w.startswith("--gpu ")]
+    gpu = way.split()[1]
+    assert gpu in RENTED_GPUS
+    assert fit_json(LLAMA_70B, "--gpu", gpu)
+    smaller = [
+        name
+        for name in RENTED_GPUS
+        if find_gpu("L4").cuda_total_bytes
+        < find_gpu(name).cuda_total_bytes
+        < find_gpu(gpu).cuda_total_bytes
+    ]
+    assert smaller
+    for name in smaller:
+        fit_error(LLAMA_70B, "--gpu", name)
+
+
 def test_a_model_too_big_for_the_host_is_shown_the_memory_that_holds_it() -> None:
     """Llama-3.1-70B in nf4 on a CPU with 16 GiB: the way out is the host memory that
     holds it (checked by planning it there), and the message speaks of no GPU."""

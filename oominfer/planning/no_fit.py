@@ -9,10 +9,11 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Iterator
+from typing import Final
 
 from oominfer.base.errors import DoesNotFitError, InvalidSettingError, ModelError
 from oominfer.base.units import GiB, counted, format_bytes
-from oominfer.hardware.gpu import catalog
+from oominfer.hardware.gpu import find_gpu
 from oominfer.hardware.hardware import Hardware
 from oominfer.memory.breakdown import MemoryBreakdown
 from oominfer.memory.profile import free_at_start, utilization_for_startup
@@ -190,6 +191,7 @@ def _ways_out(spec: ModelSpec, hardware: Hardware, c: Constraints) -> Iterator[s
             where = f" ({nodes} nodes of {c.gpus_per_node})" if nodes > 1 else ""
             yield f"--gpus {n}{where}"
             break
+    yield from _bigger_gpu(spec, hardware, c)
     if c.engine == "vllm" and not c.allow_offload:
         offload = with_offload(spec, hardware, dataclasses.replace(c, allow_offload=True))
         if offload:
@@ -202,22 +204,25 @@ def _ways_out(spec: ModelSpec, hardware: Hardware, c: Constraints) -> Iterator[s
             yield f"--min-context {found.context}"
 
 
+RENTED_GPUS: Final = (
+    "T4-16GB", "L4-24GB", "A10G-24GB", "L40S-48GB", "A100-SXM-40GB", "A100-SXM-80GB",
+    "H100-SXM-80GB", "H200-SXM-141GB", "B200-180GB",
+)  # fmt: skip
+"""The GPU kinds a way out may name: those the clouds rent by the hour, by memory."""
+
+
 def _bigger_gpu(spec: ModelSpec, hardware: Hardware, c: Constraints) -> Iterator[str]:
-    """The catalog's GPU kind with the least memory above this one's (and no older) on which
+    """The rented GPU kind (RENTED_GPUS) with the least memory above this one's on which
     the same count fits."""
-    here = hardware.gpu
+    here = hardware.gpu.cuda_total_bytes
     bigger = sorted(
-        (
-            g
-            for g in catalog()
-            if g.cuda_total_bytes > here.cuda_total_bytes
-            and g.compute_capability >= here.compute_capability
-        ),
+        (g for g in map(find_gpu, RENTED_GPUS) if g.cuda_total_bytes > here),
         key=lambda g: g.cuda_total_bytes,
     )
     for gpu in bigger:
         if anything_fits(spec, dataclasses.replace(hardware, gpu=gpu), c):
-            yield f"--gpu {gpu.name} ({format_bytes(gpu.cuda_total_bytes)})"
+            count = f", {hardware.count} of them" if hardware.count > 1 else ""
+            yield f"--gpu {gpu.name} ({format_bytes(gpu.cuda_total_bytes)}{count})"
             return
 
 
