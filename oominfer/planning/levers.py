@@ -72,10 +72,13 @@ def explain(
             if engine == "transformers"
             else why("fewer_seqs")
         )
+        # vLLM's default for the GPU; the transformers server takes the plan's value.
+        owner = "the" if engine == "transformers" else "vLLM's"
+        below = f"below {owner} default {default_seqs}"
         reason = (
-            f"below the engine's {default_seqs}: no more requests at once than meet {latency}"
+            f"{below}: no more requests at once than meet {latency}"
             if latency
-            else f"below the engine's {default_seqs}, the last lever before giving up: {held}"
+            else f"{below}, the last lever before giving up: {held}"
         )
         add("max_num_seqs", s.max_num_seqs, reason, "fewer requests served at once",
             without(max_num_seqs=None))  # fmt: skip
