@@ -486,3 +486,29 @@ def test_a_release_newer_than_oominfer_knows_is_planned_by_the_newest_and_says_s
     same = invoke("estimate", LLAMA_8B, "--gpu", "H100", "--engine-version", known)
     assert same.exit_code == 0 and "Warning" not in same.stderr
     assert newer.stdout == same.stdout
+
+
+def test_an_estimate_on_the_transformers_engine_offers_only_what_that_engine_takes() -> None:
+    """Qwen3-8B in bf16 on an L4 through the transformers engine: the ways out are its own
+    int8 and nf4 weights, each estimated to fit, never vLLM's FP8 or tensor parallelism
+    (which that engine refuses)."""
+    result = invoke("estimate", "Qwen/Qwen3-8B", "--gpu", "L4", "--engine", "transformers",
+                    "--json")  # fmt: skip
+    assert result.exit_code == ExitStatus.DOES_NOT_FIT, result.output
+    ways = json.loads(result.stdout)["ways_out"]
+    assert ways == ["-q int8", "-q bitsandbytes"]
+    for way in ways:
+        again = invoke("estimate", "Qwen/Qwen3-8B", "--gpu", "L4", "--engine", "transformers",
+                       *way.split())  # fmt: skip
+        assert again.exit_code == 0, again.output
+
+
+def test_an_estimate_no_single_flag_can_fix_names_what_fit_would_do() -> None:
+    """Qwen2.5-72B on one L4: no single flag makes the estimate fit, so the ways out are
+    those `oominfer fit` finds, which turns several levers at once."""
+    result = invoke("estimate", "Qwen/Qwen2.5-72B-Instruct", "--gpu", "L4", "--json")
+    assert result.exit_code == ExitStatus.DOES_NOT_FIT, result.output
+    ways = json.loads(result.stdout)["ways_out"]
+    assert ways and all(w.startswith("`oominfer fit` with ") for w in ways)
+    assert "`oominfer fit` with --gpus 4" in ways
+    assert fit_json("Qwen/Qwen2.5-72B-Instruct", "--gpu", "L4", "--gpus", "4")

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shlex
 from typing import TYPE_CHECKING, Any
 
 import click
 
-from oominfer.base.errors import DoesNotFitError
+from oominfer.base.errors import DoesNotFitError, InvalidSettingError
 from oominfer.base.units import format_bytes
 from oominfer.cli.options import (
     AUTO,
@@ -25,7 +26,7 @@ from oominfer.hardware.hardware import Hardware
 from oominfer.model.spec import ModelSpec
 from oominfer.planning.constraints import check_useful_context
 from oominfer.rules.parallel import tensor_parallel_refusal
-from oominfer.settings import Engine, EngineSettings, flag
+from oominfer.settings import Engine, EngineSettings, engine_args, flag
 
 if TYPE_CHECKING:
     from oominfer.speed.workload import Workload
@@ -156,7 +157,7 @@ def estimate(model: str, revision: str | None, as_json: bool, **opts: Any) -> No
             b,
             engine=opts["engine"],
             version=EngineVersion.parse(release),
-        )
+        ) or _planned_ways(spec, hardware, opts["engine"], release)
         error = DoesNotFitError(line, shortfall_bytes=b.shortfall_bytes, ways_out=ways,
                                 reported=True)  # fmt: skip
     if as_json:
@@ -200,6 +201,22 @@ def _auto_fit(
     trial = dataclasses.replace(settings, max_model_len=spec.max_position_embeddings)
     found = settle(spec, hardware, c, trial)
     return found.settings if found is not None else trial
+
+
+def _planned_ways(spec: ModelSpec, hardware: Hardware, engine: Engine, release: str) -> list[str]:
+    """Where no single flag change fits: what ``oominfer fit`` turns on this hardware (its
+    plan's flags), or the ways out it names when nothing fits here at all."""
+    from oominfer.planning.constraints import Constraints
+    from oominfer.planning.planner import plan
+
+    try:
+        found = plan(spec, hardware, Constraints(engine=engine, engine_version=release))
+    except DoesNotFitError as err:
+        return [f"`oominfer fit` with {way}" for way in err.ways_out]
+    except InvalidSettingError:
+        return []
+    flags = shlex.join(engine_args(found.settings, engine))
+    return [f"`oominfer fit` plans it here with {flags}"]
 
 
 def _why_no_speed(

@@ -19,9 +19,10 @@ _PARALLEL = (2, 4, 8)
 
 
 def _tries(
-    spec: ModelSpec, hardware: Hardware, s: EngineSettings, b: MemoryBreakdown
+    spec: ModelSpec, hardware: Hardware, s: EngineSettings, b: MemoryBreakdown, engine: Engine
 ) -> list[tuple[str, EngineSettings, Hardware]]:
-    """The changes worth estimating, cheapest in quality first."""
+    """The changes worth estimating, cheapest in quality first: on the transformers engine
+    only what it takes (a shorter context, int8 or nf4 weights, fewer sequences)."""
     gpu = hardware.gpu
     tries = []
     if b.max_model_len_that_fits > 0:
@@ -29,6 +30,13 @@ def _tries(
         tries.append(
             (f"{flag('max_model_len')} {fits}", dataclasses.replace(s, max_model_len=fits))
         )
+    if engine == "transformers":
+        if s.quantization is None and spec.quantization is None:
+            for method in ("int8", "bitsandbytes"):
+                tries.append((f"-q {method}", dataclasses.replace(s, quantization=method)))
+        if (s.max_num_seqs or 2) > 1:
+            tries.append((f"{flag('max_num_seqs')} 1", dataclasses.replace(s, max_num_seqs=1)))
+        return [(change, settings, hardware) for change, settings in tries]
     if b.startup_short_bytes > 0:
         # A budget that is free beside the CUDA context (and NCCL's buffers) at start.
         util = utilization_for_startup(b)
@@ -111,7 +119,7 @@ def ways_out(
         return []
     found: list[str] = []
     parallel_found = False
-    for change, s, hw in _tries(spec, hardware, settings, b):
+    for change, s, hw in _tries(spec, hardware, settings, b, engine):
         if change.startswith("-tp") and parallel_found:
             continue
         try:
