@@ -9,6 +9,16 @@ from oominfer.memory.kv import KvLayout
 from oominfer.settings import Engine
 
 
+def unpaged_seq_bytes(
+    per_token: int, *, sliding_per_token: int, kept_tokens: int, length: int
+) -> int:
+    """The cache one unpaged sequence of ``length`` tokens holds: ``per_token`` bytes a token
+    in every layer, of which the ``sliding_per_token`` in sliding-window layers stop growing
+    at ``kept_tokens`` (the transformers engine's dynamic cache)."""
+    full = (per_token - sliding_per_token) * length
+    return full + sliding_per_token * min(length, kept_tokens)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MemoryBreakdown:
     """Memory needed to serve one model, per GPU (the busiest one). All numbers are in bytes."""
@@ -132,10 +142,13 @@ class MemoryBreakdown:
     def seq_kv_bytes(self, length: int) -> int:
         """KV cache and state one unpaged sequence of ``length`` tokens holds: past the
         sliding window only the full-attention layers grow."""
-        sliding = self.sliding_kv_bytes_per_token
-        kept = min(length, self.sliding_kept_tokens)
-        full = (self.kv_bytes_per_token - sliding) * length
-        return full + sliding * kept + self.state_bytes_per_seq
+        cache = unpaged_seq_bytes(
+            self.kv_bytes_per_token,
+            sliding_per_token=self.sliding_kv_bytes_per_token,
+            kept_tokens=self.sliding_kept_tokens,
+            length=length,
+        )
+        return cache + self.state_bytes_per_seq
 
     def running_at(self, length: int) -> int:
         """Requests of ``length`` tokens that run at once: the pool, capped by max_num_seqs."""

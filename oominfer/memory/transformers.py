@@ -6,7 +6,7 @@ import math
 from typing import Final
 
 from oominfer.base.units import MiB
-from oominfer.memory.breakdown import MemoryBreakdown
+from oominfer.memory.breakdown import MemoryBreakdown, unpaged_seq_bytes
 from oominfer.memory.dtypes import dtype_bytes
 from oominfer.memory.profile import HIDDEN_TEMPORARIES, MLP_TEMPORARIES
 from oominfer.memory.weights import stage_expert_bytes, weight_format
@@ -86,12 +86,19 @@ def transformers_kept_tokens(spec: ModelSpec, length: int) -> int:
 def transformers_seq_kv_bytes(spec: ModelSpec, *, length: int, per_token: int) -> int:
     """The dynamic cache of one sequence of ``length`` tokens, ``per_token`` being the bytes
     a token takes in all the attention layers (the breakdown's ``kv_bytes_per_token``)."""
+    return unpaged_seq_bytes(
+        per_token,
+        sliding_per_token=sliding_bytes_per_token(spec, per_token),
+        kept_tokens=transformers_kept_tokens(spec, length),
+        length=length,
+    )
+
+
+def sliding_bytes_per_token(spec: ModelSpec, per_token: int) -> int:
+    """The part of ``per_token`` (bytes a token takes in all the attention layers) in the
+    sliding-window layers."""
     layers = spec.attention_layers
-    if not layers:
-        return 0
-    sliding = spec.sliding_layers
-    kept = transformers_kept_tokens(spec, length)
-    return per_token // layers * ((layers - sliding) * length + sliding * kept)
+    return per_token // layers * spec.sliding_layers if layers else 0
 
 
 def _repeated_kv_bytes(spec: ModelSpec, *, tokens: int, dtype_size: int, tp: int) -> int:
@@ -237,8 +244,6 @@ def transformers_breakdown(
     activation = logits + max(prefill, decode)
     kv_cache = budget - weights - activation - overhead
     fits_len = _longest_fitting(spec, kv_cache - state_per_seq, per_token=per_token)
-    layers = spec.attention_layers
-    sliding_per_token = per_token // layers * spec.sliding_layers if layers else 0
     return MemoryBreakdown(
         engine="transformers",
         dtype=dtype,
@@ -260,6 +265,6 @@ def transformers_breakdown(
         max_concurrency=round(max(0, kv_cache) / per_seq, 2) if per_seq else float(seqs),
         max_num_seqs=seqs,
         max_num_batched_tokens=max_len,
-        sliding_kv_bytes_per_token=sliding_per_token,
+        sliding_kv_bytes_per_token=sliding_bytes_per_token(spec, per_token),
         sliding_kept_tokens=transformers_kept_tokens(spec, spec.max_position_embeddings),
     )
