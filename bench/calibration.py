@@ -166,7 +166,10 @@ def _named_gpu(point: dict[str, Any]) -> GpuSpec | None:
     """The catalog GPU the point's description names, if any."""
     named = None
     text = point.get("gpu_model") or ""
-    tokens = re.findall(r"\b(?:RTX \d{4}(?: Ada)?|[A-Z]\d{1,3}[A-Z]?(?:[- ]\w+)*)", text)
+    # The whole name first, as the driver prints it ("NVIDIA RTX PRO 6000 Blackwell Server
+    # Edition"), before any remark in brackets; then the product words within.
+    tokens = [text.split(" (")[0].strip()] if text else []
+    tokens += re.findall(r"\b(?:RTX \d{4}(?: Ada)?|[A-Z]\d{1,3}[A-Z]?(?:[- ]\w+)*)", text)
     # Then the bare product words ("L40S", "H100") when the longer runs name nothing.
     tokens += re.findall(r"\b[A-Z]+\d+[A-Z]*\b", text)
     for token in tokens:
