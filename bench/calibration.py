@@ -24,7 +24,7 @@ import re
 import statistics
 import sys
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from oominfer.base.errors import OominferError
 from oominfer.base.units import GiB
@@ -60,6 +60,9 @@ SAME_ARCHITECTURE: dict[str, str] = {
     # The coding fine-tune of the 30B MoE in FP8: the same 48 x 2048 shapes, 128 experts and
     # block scheme as Qwen3-30B-A3B-FP8 (its 256k context in CONFIG_DIFFERENCES).
     "Qwen/Qwen3-Coder-30B-A3B-Instruct-FP8": "Qwen/Qwen3-30B-A3B-FP8",
+    # The coding fine-tune of the 30B MoE in 16 bits: the same shapes as Qwen3-30B-A3B (its
+    # 256k context in CONFIG_DIFFERENCES). After the FP8 name, which it prefixes.
+    "Qwen/Qwen3-Coder-30B-A3B-Instruct": "Qwen/Qwen3-30B-A3B",
     # Math fine-tune of Qwen2.5-1.5B: same 28 x 1536 shapes, tied embeddings, vocab 151936.
     "Qwen/Qwen2.5-Math-1.5B": "Qwen/Qwen2.5-1.5B-Instruct",
     # Qwen2-7B and Qwen2.5-7B share every shape (28 x 3584, 4 KV heads, vocab 152064).
@@ -93,6 +96,8 @@ CONFIG_DIFFERENCES: dict[str, dict[str, int]] = {
     "Qwen/Qwen3-30B-A3B-Instruct-2507-FP8": {"max_position_embeddings": 262144},
     # huggingface.co/Qwen/Qwen3-Coder-30B-A3B-Instruct-FP8 config.json: native 256k context.
     "Qwen/Qwen3-Coder-30B-A3B-Instruct-FP8": {"max_position_embeddings": 262144},
+    # huggingface.co/Qwen/Qwen3-Coder-30B-A3B-Instruct config.json: the same.
+    "Qwen/Qwen3-Coder-30B-A3B-Instruct": {"max_position_embeddings": 262144},
 }
 
 # Pre-quantized checkpoints of a model the catalog holds in 16 bits: the base's shapes with
@@ -241,6 +246,15 @@ def _args_dict(point: dict[str, Any], name: str) -> str | None:
         return None
 
 
+def _in_flight_fp8(point: dict[str, Any]) -> Literal["fp8"] | None:
+    """ "fp8" where the log's flags ask vLLM for FP8 weights (``--quantization fp8``: in flight
+    on a 16-bit checkpoint, the checkpoint's own on an FP8 one), else None (the checkpoint's
+    format, or a stand-in's)."""
+    quote = point.get("quote") or ""
+    asked = re.search(r"'quantization': 'fp8'|--quantization[ =]fp8\b", quote)
+    return "fp8" if asked else None
+
+
 def inputs(
     point: dict[str, Any],
 ) -> tuple[ModelSpec, Hardware, EngineSettings, EngineVersion] | None:
@@ -271,6 +285,7 @@ def inputs(
         enable_prefix_caching=point.get("enable_prefix_caching"),
         kv_cache_dtype=_kv_dtype(point.get("kv_cache_dtype")),  # type: ignore[arg-type]
         cpu_offload_gb=point.get("cpu_offload_gb") or 0,
+        quantization=_in_flight_fp8(point),
     )
     gpu = _gpu(point)
     # A partition of a named GPU (no total printed) stands in as that GPU; one the point does
@@ -298,7 +313,23 @@ def inputs(
     quantized = _named(QUANTIZED_STAND_INS, point.get("model_id"))
     if quantized is not None:
         spec = dataclasses.replace(spec, quantization=quantized[1], checkpoint=Checkpoint())
+    yarn = _yarn_length(point)
+    if yarn:
+        spec = dataclasses.replace(spec, max_position_embeddings=yarn, default_max_model_len=0)
     return spec, hw, settings, _version(point)
+
+
+def _yarn_length(point: dict[str, Any]) -> int | None:
+    """The context a ``--rope-scaling`` YaRN override of the log gives the model, as vLLM up
+    to 0.31 derived it (original_max_position_embeddings x factor), or None."""
+    text = _args_dict(point, "rope_scaling")
+    if text is None:
+        return None
+    rope = json.loads(text)
+    original = rope.get("original_max_position_embeddings")
+    if (rope.get("rope_type") or rope.get("type")) != "yarn" or not original:
+        return None
+    return int(original * rope.get("factor", 1.0))
 
 
 def _kv_dtype(text: str | None) -> str:

@@ -94,16 +94,16 @@ MLP_TEMPORARIES: Final = 3
 # early-V1 pools, fits.
 # Least absolute residuals over the calibration logs with a graph line that replay, the
 # shared set and the gathered one (bench/fit_graphs.py: 0.7-0.26, 1-94 layers, TP 1-8;
-# residuals there; 37 logs, median |residual| 0.07 GiB). c16 (its GPU unnamed and shared),
+# residuals there; 53 logs, median |residual| 0.08 GiB). c16 (its GPU unnamed and shared),
 # dp54 (LoRA buffers), n13 (a negative figure) and the GB10's x09 and x13 (unified memory)
 # are left out, as their notes say.
-GRAPH_BYTES_PER_LAYER_PIECEWISE: Final = 312 * KiB
+GRAPH_BYTES_PER_LAYER_PIECEWISE: Final = 300 * KiB
 GRAPH_BYTES_PER_LAYER_FULL: Final = 0 * KiB
-GRAPH_BYTES_PER_LAYER_NCCL: Final = 214 * KiB
+GRAPH_BYTES_PER_LAYER_NCCL: Final = 222 * KiB
 GRAPH_BYTES_PER_LAYER_EARLY_V1: Final = 280 * KiB
 GRAPH_BYTES_PER_LAYER_V0: Final = 182 * KiB
 GRAPH_BYTES_PER_LAYER_SM80_EARLY_V1: Final = 690 * KiB
-GRAPH_BYTES_PER_LAYER_SM80_FULL: Final = 1573 * KiB
+GRAPH_BYTES_PER_LAYER_SM80_FULL: Final = 1594 * KiB
 # Models with recurrent-state layers (Gated DeltaNet, Mamba) run those layers inside their
 # FULL decode graphs (PIECEWISE graphs leave them to run eagerly, between the pieces, as
 # attention is): there a FULL graph holds as much per layer as a PIECEWISE one, and
