@@ -35,6 +35,7 @@ from oominfer.model.catalog import catalog_entry
 from oominfer.model.config import spec_from_config
 from oominfer.model.load import load_spec
 from oominfer.model.spec import Checkpoint, ModelSpec, QuantSpec
+from oominfer.rules.overrides import with_overrides
 from oominfer.rules.versions import EngineVersion
 from oominfer.settings import EngineSettings
 
@@ -313,23 +314,11 @@ def inputs(
     quantized = _named(QUANTIZED_STAND_INS, point.get("model_id"))
     if quantized is not None:
         spec = dataclasses.replace(spec, quantization=quantized[1], checkpoint=Checkpoint())
-    yarn = _yarn_length(point)
-    if yarn:
-        spec = dataclasses.replace(spec, max_position_embeddings=yarn, default_max_model_len=0)
+    rope = _args_dict(point, "rope_scaling")
+    if rope is not None:  # --rope-scaling, as vLLM then took it: an override of config.json
+        overrides = json.dumps({"rope_scaling": json.loads(rope)})
+        spec = with_overrides(spec, overrides, _version(point))
     return spec, hw, settings, _version(point)
-
-
-def _yarn_length(point: dict[str, Any]) -> int | None:
-    """The context a ``--rope-scaling`` YaRN override of the log gives the model, as vLLM up
-    to 0.31 derived it (original_max_position_embeddings x factor), or None."""
-    text = _args_dict(point, "rope_scaling")
-    if text is None:
-        return None
-    rope = json.loads(text)
-    original = rope.get("original_max_position_embeddings")
-    if (rope.get("rope_type") or rope.get("type")) != "yarn" or not original:
-        return None
-    return int(original * rope.get("factor", 1.0))
 
 
 def _kv_dtype(text: str | None) -> str:

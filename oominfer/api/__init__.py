@@ -35,6 +35,7 @@ from oominfer.planning.context import PlanningContext, engine_release, make_cont
 from oominfer.planning.document import Plan
 from oominfer.planning.planner import plan as _plan
 from oominfer.planning.record import make_plan
+from oominfer.rules.overrides import with_overrides
 from oominfer.rules.versions import EngineVersion
 from oominfer.runtime.process import LiveEngine
 from oominfer.settings import Engine, EngineSettings, flag
@@ -105,9 +106,11 @@ def estimate(
         InvalidSettingError: settings that cannot work with this model or hardware.
     """
     version = EngineVersion.parse(engine_release(engine_version))
-    spec = _model(model)
     settings = settings or EngineSettings(
         gpu_memory_utilization=version.default_gpu_memory_utilization
+    )
+    spec = with_overrides(
+        _model(model), settings.hf_overrides, version, max_model_len=settings.max_model_len
     )
     spec.check_context(settings.max_model_len)
     return _estimate(
@@ -178,9 +181,15 @@ def _context(
 ) -> PlanningContext:
     """The planning context of a request, made once here at the boundary: the engine
     release resolved, the budget within what is free, the request checked."""
-    spec = _model(model)
-    ctx = make_context(spec, hardware, _within_free(hardware, constraints or Constraints(), note))
-    _check_request(spec, hardware, ctx.constraints)
+    ctx = make_context(
+        _model(model), hardware, _within_free(hardware, constraints or Constraints(), note)
+    )
+    c = ctx.constraints
+    spec = with_overrides(
+        ctx.spec, c.requested.get("hf_overrides"), ctx.version, max_model_len=c.max_model_len
+    )
+    ctx = dataclasses.replace(ctx, spec=spec)
+    _check_request(spec, hardware, c)
     return ctx
 
 

@@ -94,9 +94,14 @@ def estimate(model: str, revision: str | None, as_json: bool, **opts: Any) -> No
     spec = load_model(model, revision=revision)
     check_weights(model, spec, loads=False)
     from oominfer.planning.context import engine_release
+    from oominfer.rules.overrides import with_overrides
     from oominfer.rules.versions import EngineVersion
 
     release = engine_release(opts.get("engine_version"))
+    spec = with_overrides(
+        spec, settings.hf_overrides, EngineVersion.parse(release),
+        max_model_len=settings.max_model_len,
+    )  # fmt: skip
     source = click.get_current_context().get_parameter_source("gpu_memory_utilization")
     if source in (None, click.core.ParameterSource.DEFAULT):  # vLLM's default for that release
         settings = dataclasses.replace(

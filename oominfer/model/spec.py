@@ -207,6 +207,9 @@ class ModelSpec:
     """Where the spec came from: a folder path, "hub", or "catalog"."""
     revision: str | None = None
     """The Hub revision asked for (``--revision``), which the engine must load too."""
+    config_overrides: str = ""
+    """The ``--hf-overrides`` this spec was read with (compact JSON; "" for none), so that
+    applying them again changes nothing (``rules.overrides.with_overrides``)."""
 
     def check_context(self, tokens: int | None, flag: str = "--max-model-len") -> None:
         """Refuse a context longer than the model was trained for, as vLLM does.
@@ -220,7 +223,8 @@ class ModelSpec:
             raise InvalidSettingError(
                 f"{flag} {tokens:,} is longer than {self.model_id}'s trained maximum of "
                 f"{limit:,} tokens (from its config.json); vLLM refuses it.",
-                hint=f"Pass {flag} {limit} or less.",
+                hint=f"Pass {flag} {limit} or less; a model made for RoPE scaling (as "
+                "Qwen's YaRN) extends it with --hf-overrides (`oominfer estimate --help`).",
             )
 
     def context(self, requested: int | None) -> int:

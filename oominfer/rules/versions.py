@@ -126,6 +126,12 @@ class EngineVersion:
     flashinfer: bool = True
     """FlashInfer is installed: the image, or any install from 0.11.1 (``install_of``).
     Without it 0.10-0.11's sampler sorts (``sampler_bytes_per_logit_fp32``)."""
+    yarn_from_original: bool = False
+    """vLLM derives a YaRN-scaled context as original_max_position_embeddings x factor
+    (config/model.py ``_get_and_verify_max_len``); PR #56446 (merged 2026-09-11, "stop
+    re-scaling max_model_len") leaves max_position_embeddings as it is, as transformers
+    does. 0.32 is the first release here with the change (its source and 0.33's); 0.27.1's
+    logs predate the PR, and the releases between are taken to predate it too."""
     cuda12_build: bool = False
     """The release's default wheel and image are built on CUDA 12 (before 0.20, which moved
     to PyTorch 2.11 and CUDA 13.0: its release notes, "CUDA 13.0 default")."""
@@ -170,6 +176,7 @@ class EngineVersion:
             gdn_checkpoint_blocks=release >= (0, 33),
             snapshot_after_nccl=v1 and release >= (0, 11),
             cuda12_build=release < (0, 20),
+            yarn_from_original=release < (0, 32),
         )
 
     @property

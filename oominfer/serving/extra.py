@@ -12,12 +12,12 @@ from oominfer.settings import EngineSettings, declared, engine_args, flag
 
 MEMORY_ADDITIONS: Final = (
     "speculative_config", "enable_lora", "max_loras", "max_lora_rank", "limit_mm_per_prompt",
-    "enable_expert_parallel", "data_parallel_size",
+    "enable_expert_parallel", "data_parallel_size", "hf_overrides",
 )  # fmt: skip
 """Operator additions that change the GPU memory a plan was verified with (a draft, LoRA
-slots, the encoder cache, the expert split): given after ``--`` at another value than the
-plan's, they are refused like any contradiction, even where the plan left them at vLLM's
-default (and so does not render them)."""
+slots, the encoder cache, the expert split, the model's config.json): given after ``--`` at
+another value than the plan's, they are refused like any contradiction, even where the plan
+left them at vLLM's default (and so does not render them)."""
 
 
 def _flag_values(args: Sequence[str]) -> dict[str, str | None]:

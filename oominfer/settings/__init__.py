@@ -222,6 +222,15 @@ class EngineSettings:
         '"video": 0} (default: vLLM\'s 999 each); 0 everywhere skips the encoder cache.',
         engines=("vllm",), unit="json", since=(0, 9),
     )  # fmt: skip
+    hf_overrides: str | None = setting(
+        None, "Changes to the model's config.json, as vLLM takes them: a JSON object. "
+        "Extend the context of a model made for RoPE scaling, as Qwen3's YaRN (the model "
+        'card\'s values; rope_parameters replaces the whole section): {"rope_parameters": '
+        '{"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768, '
+        '"rope_theta": 1000000}, "max_position_embeddings": 131072}. oominfer models '
+        "max_position_embeddings, rope_scaling and rope_parameters.",
+        engines=("vllm",), unit="json", since=(0, 7),
+    )  # fmt: skip
     enable_prefix_caching: bool | None = setting(
         None, "Share the KV blocks of a common prompt prefix between requests (vLLM's default: "
         "on for most models). More requests fit when prompts share a prefix; off, a hybrid "
@@ -260,7 +269,7 @@ class EngineSettings:
                 f"{self.max_loras}: vLLM needs a host slot for every adapter on the GPU.",
                 hint=f"Use {flag('max_cpu_loras')} {self.max_loras} or more.",
             )
-        for name in ("speculative_config", "limit_mm_per_prompt"):
+        for name in ("speculative_config", "limit_mm_per_prompt", "hf_overrides"):
             json_object(name, getattr(self, name))
         if (
             self.max_num_seqs is not None
