@@ -28,6 +28,7 @@ from oominfer.speed.roofline import (
     Bound,
     Chip,
     Stage,
+    StepTime,
     compute_efficiency,
     moe_read_share,
     step_time,
@@ -221,16 +222,7 @@ def predict(
     # With pipeline parallelism vLLM keeps one batch in flight per stage (the engine's batch
     # queue): the running requests go through in pp microbatches, and a request's next
     # token waits for all pp of them to pass its stage.
-    context = w.input_len + w.output_len / 2
-    decode = step_time(
-        s,
-        c,
-        decodes=running / pp,
-        context=context,
-        prefill_tokens=(running - 1) * w.input_len / w.output_len / pp,
-        prefill_context=w.input_len / 2,
-        prefill_sequences=(running - 1) / w.output_len / pp,
-    )
+    decode = _steady_step(s, c, w, running / pp, breakdown.max_num_batched_tokens, pp)
     tpot = decode.seconds * pp
     ttft = (
         REQUEST_OVERHEAD_S
@@ -289,6 +281,41 @@ def _transformers_performance(
     return _performance(asked, w, ttft=t.ttft_s + wait, tpot=t.tpot_s, rps=t.requests_per_s,
                         running=running, bound=t.bound, limited=limited,
                         num_prompts=num_prompts)  # fmt: skip
+
+
+def _steady_step(s: Stage, c: Chip, w: Workload, decodes: float, budget: int, pp: int) -> StepTime:
+    """The mean step of the steady state: ``decodes`` requests generating, the others'
+    prompts computed beside them, (running - 1) x input_len tokens over output_len steps.
+
+    Where those prompts fit in fewer chunks than there are steps, they come as whole chunks
+    (what the step's token budget leaves beside the decodes) in a few steps, the rest decode
+    alone: the mean of the two kinds, each timed as it runs. A MoE step reads the experts
+    its tokens touch, which a prompt chunk nearly all touches and a few decodes do not:
+    spreading the prompt tokens thinly over every step counts those reads in every step.
+    Where the chunks outnumber the steps, every step carries prompt tokens, spread evenly.
+    """
+    context = w.input_len + w.output_len / 2
+    prompts = (decodes * pp - 1) / pp  # the other requests' prompts a cycle computes
+    room = max(budget - decodes, 1)
+    chunks = prompts * math.ceil(w.input_len / room)
+    if prompts <= 0 or chunks >= w.output_len:
+        return step_time(
+            s, c, decodes=decodes, context=context,
+            prefill_tokens=prompts * w.input_len / w.output_len,
+            prefill_context=w.input_len / 2,
+            prefill_sequences=prompts / w.output_len,
+        )  # fmt: skip
+    alone = step_time(s, c, decodes=decodes, context=context)
+    mixed = step_time(
+        s, c, decodes=decodes, context=context,
+        prefill_tokens=prompts * w.input_len / chunks,
+        prefill_context=w.input_len / 2,
+        prefill_sequences=prompts / chunks,
+    )  # fmt: skip
+    share = chunks / w.output_len
+    seconds = (1 - share) * alone.seconds + share * mixed.seconds
+    bound = mixed.bound if share * mixed.seconds > (1 - share) * alone.seconds else alone.bound
+    return StepTime(seconds=seconds, bound=bound)
 
 
 def _prefill_seconds(s: Stage, c: Chip, w: Workload, running: int, chunk: int) -> float:

@@ -46,9 +46,9 @@ Nemotron at 0.44x its measured tokens/s. First 8,000; 12,000 since a fifth gathe
 (tests/data/calibration/extra_throughput_points.jsonl s2: gpt-oss-120b at TP 2, 4 and 8 on
 H100s, 4 to 64 streams, SemiAnalysis InferenceX; Qwen3-30B-A3B on one H100), where 8,000
 read the experts of 64 streams 1.3-1.7x slower than measured: over the gathered set's 180
-vLLM points the median error of output tokens/s goes from 14.4% to 13.8% and of TPOT from
-19.3% to 18.3% (s2 alone 18.4% / 24.3% to 16.8% / 17.7%), the shared set's medians do not
-move."""
+vLLM points the median error of output tokens/s went from 14.4% to 13.8% and of TPOT from
+19.3% to 18.3% (the shared set's medians did not move), and to 13.1% and 18.0% once the
+steady state's prompt chunks came whole (performance._steady_step)."""
 COMPUTE_EFFICIENCY: Final = 0.40
 """GEMMs of a step reach this share of the dense tensor-core peak on the datacenter GPUs
 from Hopper on (compute capability 9.x and 10.x: H100, H200, GH200, B200)..."""
