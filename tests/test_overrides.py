@@ -89,11 +89,11 @@ def test_estimate_serves_the_extended_context_and_says_so_in_its_json() -> None:
     assert "--hf-overrides" in refused.output and "40960 or less" in refused.output
 
 
-def test_the_transformers_engine_refuses_them() -> None:
+def test_the_transformers_engine_takes_them_too() -> None:
     result = invoke("estimate", "Qwen/Qwen3-8B", "--gpu", "H100", "--engine", "transformers",
-                    "--hf-overrides", YARN)  # fmt: skip
-    assert result.exit_code == 2
-    assert "--hf-overrides" in result.output and "Traceback" not in result.output
+                    "--max-model-len", "131072", "--hf-overrides", YARN, "--json")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["per_gpu"]["max_model_len"] == 131072
 
 
 def test_the_plan_passes_them_to_the_engine_and_the_manifests(tmp_path: Path) -> None:

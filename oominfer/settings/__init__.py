@@ -229,7 +229,7 @@ class EngineSettings:
         '{"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768, '
         '"rope_theta": 1000000}, "max_position_embeddings": 131072}. oominfer models '
         "max_position_embeddings, rope_scaling and rope_parameters.",
-        engines=("vllm",), unit="json", since=(0, 7),
+        unit="json", since=(0, 7),
     )  # fmt: skip
     enable_prefix_caching: bool | None = setting(
         None, "Share the KV blocks of a common prompt prefix between requests (vLLM's default: "

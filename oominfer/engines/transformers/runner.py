@@ -11,6 +11,7 @@ import torch
 from oominfer.base.errors import ModelNotFoundError
 from oominfer.engines.transformers.config import ServerConfig
 from oominfer.engines.transformers.kv import Batch
+from oominfer.settings import json_object
 
 log = logging.getLogger("oominfer.transformers")
 
@@ -60,6 +61,14 @@ def model_kwargs(config: ServerConfig) -> tuple[str, dict[str, Any]]:
             "--quantization %s: the checkpoint's own quantization config is used as is.",
             s.quantization,
         )
+    overrides = json_object("hf_overrides", s.hf_overrides)
+    if overrides:
+        # vLLM's --hf-overrides: the config.json keys replaced before the model is built
+        # (its RoPE included), as vLLM applies them.
+        auto_config: Any = transformers.AutoConfig
+        model_config = auto_config.from_pretrained(config.model, revision=config.revision)
+        model_config.update(overrides)
+        kwargs["config"] = model_config
     if "quantization_config" in kwargs:
         kwargs["device_map"] = {"": device}
         # Each LLM.int8 matmul logs a cast warning otherwise.
@@ -116,6 +125,11 @@ class ModelRunner:
         if "quantization_config" not in kwargs:
             model.to(device)
         model.eval()
+        if "config" in kwargs:
+            c = model.config
+            rope = getattr(c, "rope_parameters", None) or getattr(c, "rope_scaling", None)
+            log.info("Config overridden (--hf-overrides): max_position_embeddings %s, RoPE %s",
+                     getattr(c, "max_position_embeddings", None), rope)  # fmt: skip
         return cls(model, tokenizer, device=device)
 
     def _forward(self, **inputs: Any) -> Any:
