@@ -174,6 +174,15 @@ XFAIL: dict[tuple[str, str], str] = {
     "graphs where the per-layer terms give 0.85; gpt-oss's pools come out under the fit on "
     "Hopper (x01, one H100 under 0.11: 0.64 for 0.89), where its attention sinks and MXFP4 "
     "MoE run kernels of their own, but two logs do not make a term",
+    ("g23-02", "activation"): "Qwen3-235B-2507-FP8 at TP 4 on RTX PRO 6000s (vLLM 0.27.1): "
+    "its summary prints 0.76 GiB of peak activation beside 0.32 of CUDA-graph memory, where "
+    "1.44 is estimated before the graph reserve: the block-FP8 fused-MoE step of 8,192 tokens "
+    "comes out 0.7 GiB high on this one log of it past 0.21; the KV cache is within 3.1%",
+    ("g22-01", "verdict"): "gpt-oss-120b on one H100 under 0.14.1 (gmu 0.97, -O3, "
+    "max_num_seqs 1): the issue says it ran out of memory where 0.11.2 had served the same "
+    "flags, but its log ends before the error: where 0.14.1 failed, and on what, is not "
+    "known (12.1 GiB of KV cache and a 0.85 GiB graph pool within 2.4 GiB above the budget "
+    "are estimated)",
     ("g3-08", "verdict"): "a desktop RTX 3090: the same flags started in April (g3-06), then "
     "the sampler's warm-up after the KV cache ran out with 1.46 GiB of the card held by "
     "other processes its OOM message does not list",
