@@ -5,9 +5,11 @@ manifests (the real engine loading one: tests/test_fit_e2e.py)."""
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import pytest
+import yaml
 from click.testing import CliRunner, Result
 
 from oominfer.base.errors import InvalidSettingError
@@ -108,7 +110,11 @@ def test_the_plan_passes_them_to_the_engine_and_the_manifests(tmp_path: Path) ->
     assert json.loads(argv[at + 1]) == json.loads(YARN)  # one token, as vLLM parses it
     out = tmp_path / "k8s"
     assert invoke("k8s", str(plan_path), "-o", str(out)).exit_code == 0
-    assert "--hf-overrides" in (out / "deployment.yaml").read_text()
+    docs = list(yaml.safe_load_all((out / "deployment.yaml").read_text()))
+    pod = next(d for d in docs if d and d.get("kind") == "Deployment")["spec"]["template"]
+    shown = shlex.split(pod["metadata"]["annotations"]["oominfer.dev/engine-args"])
+    at = shown.index("--hf-overrides")
+    assert json.loads(shown[at + 1]) == json.loads(YARN)  # the JSON survives YAML and the shell
 
 
 def test_serve_refuses_other_overrides_after_the_plan(tmp_path: Path) -> None:
