@@ -76,7 +76,7 @@ def _engine_version(ctx: click.Context, param: click.Parameter, value: str | Non
 
     release = EngineVersion.parse(value).release
     if release > LATEST_VLLM.release:
-        known = ".".join(map(str, LATEST_VLLM.release))
+        known = LATEST_VLLM.number
         click.echo(
             f"Warning: vLLM {value} is newer than the releases oominfer knows (up to {known}): "
             f"its memory profile and rules are taken as {known}'s.",

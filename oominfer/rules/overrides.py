@@ -55,24 +55,29 @@ def with_overrides(
             hint=f"oominfer models {', '.join(MODELLED)}; leave the other keys out.",
         )
     length = _positive(overrides.get("max_position_embeddings"), "max_position_embeddings")
-    base = length or spec.max_position_embeddings
+    base = int(length) if length else spec.max_position_embeddings
     rope = _rope(overrides)
     derived = base if rope is None else _scaled(base, rope, version)
-    asked = max_model_len
-    if asked is not None and asked > derived:
-        message, hint = _too_short(asked, derived, rope, version, spec)
+    if max_model_len is not None and max_model_len > derived:
+        message, hint = _too_short(max_model_len, derived, rope, version, spec)
         raise InvalidSettingError(message, hint=hint)
     return dataclasses.replace(
         spec, max_position_embeddings=derived, default_max_model_len=0, config_overrides=text
     )
 
 
-def _positive(value: Any, key: str) -> int | None:
+def _positive(value: Any, key: str) -> float | None:
+    """A number of the overrides (None where absent), refused unless positive."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
         raise InvalidSettingError(f"{_FLAG} {key} must be a positive number, got {value!r}.")
-    return int(value)
+    return float(value)
+
+
+def _rope_type(rope: Mapping[str, Any] | None) -> str | None:
+    """A RoPE section's type (transformers' rope_type, or the legacy type)."""
+    return (rope or {}).get("rope_type") or (rope or {}).get("type")
 
 
 def _rope(overrides: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -80,7 +85,7 @@ def _rope(overrides: Mapping[str, Any]) -> Mapping[str, Any] | None:
     for key in ("rope_parameters", "rope_scaling"):
         if key in overrides:
             rope = overrides[key]
-            if not isinstance(rope, Mapping) or not (rope.get("rope_type") or rope.get("type")):
+            if not isinstance(rope, Mapping) or not _rope_type(rope):
                 raise InvalidSettingError(
                     f"{_FLAG} {key} must be an object with a rope_type, got {rope!r}.",
                     hint=f"""For YaRN: {_FLAG} '{{"{key}": {{"rope_type": "yarn", "factor": """
@@ -92,22 +97,22 @@ def _rope(overrides: Mapping[str, Any]) -> Mapping[str, Any] | None:
 
 def _scaled(base: int, rope: Mapping[str, Any], version: EngineVersion) -> int:
     """The context vLLM derives from ``base`` positions under ``rope``."""
-    kind = rope.get("rope_type") or rope.get("type")
-    factor = _positive(rope.get("factor"), "factor") if "factor" in rope else None
+    kind = _rope_type(rope)
+    factor = _positive(rope.get("factor"), "factor")
     if kind == "yarn" and version.yarn_from_original:
         original = _positive(
             rope.get("original_max_position_embeddings"), "original_max_position_embeddings"
         )
         if original is None or factor is None:
             raise InvalidSettingError(
-                f"{_FLAG}: vLLM {_release(version)} derives a YaRN context from "
+                f"{_FLAG}: vLLM {version.number} derives a YaRN context from "
                 "original_max_position_embeddings x factor, and this RoPE section lacks one.",
                 hint="Give both, as the model card says (Qwen3: 32768 and 4.0).",
             )
-        return int(original * float(rope["factor"]))
+        return int(int(original) * factor)
     if kind in _UNSCALED or factor is None:
         return base
-    return int(base * float(rope["factor"]))
+    return int(base * factor)
 
 
 def _too_short(
@@ -119,17 +124,12 @@ def _too_short(
 ) -> tuple[str, str]:
     why = (
         f"{flag('max_model_len')} {asked:,} is longer than the {derived:,} tokens vLLM "
-        f"{_release(version)} derives for {spec.model_id} under {_FLAG}"
+        f"{version.number} derives for {spec.model_id} under {_FLAG}"
     )
-    kind = (rope or {}).get("rope_type") or (rope or {}).get("type")
-    if kind == "yarn" and not version.yarn_from_original:
+    if _rope_type(rope) == "yarn" and not version.yarn_from_original:
         return (
             f"{why}: from 0.32 vLLM keeps max_position_embeddings under YaRN, as transformers "
             "does.",
             f'Add "max_position_embeddings": {asked} to {_FLAG}.',
         )
     return f"{why}.", f"Pass {flag('max_model_len')} {derived} or less."
-
-
-def _release(version: EngineVersion) -> str:
-    return ".".join(map(str, version.release))

@@ -180,6 +180,11 @@ class EngineVersion:
         )
 
     @property
+    def number(self) -> str:
+        """The release as X.Y (``0.33``)."""
+        return ".".join(map(str, self.release))
+
+    @property
     def graphs_after_kv_cache(self) -> bool:
         """The V1 engine before 0.20: the KV cache is sized without the CUDA graphs, which
         are captured afterwards in the memory above the budget."""
@@ -279,4 +284,4 @@ def resolve_release(named: str | None, installed: str | None) -> str:
     """The vLLM release a plan or an estimate follows, the one rule for the CLI, the Python
     API and the estimator alike: the one named (``--engine-version``), else the installed
     vLLM's, else the latest release. ``oominfer.planning.context`` is its only caller."""
-    return named or installed or ".".join(map(str, LATEST_VLLM.release))
+    return named or installed or LATEST_VLLM.number

@@ -222,7 +222,7 @@ def predict(
     # With pipeline parallelism vLLM keeps one batch in flight per stage (the engine's batch
     # queue): the running requests go through in pp microbatches, and a request's next
     # token waits for all pp of them to pass its stage.
-    decode = _steady_step(s, c, w, running / pp, breakdown.max_num_batched_tokens, pp)
+    decode = _steady_step(s, c, w, running, breakdown.max_num_batched_tokens, pp)
     tpot = decode.seconds * pp
     ttft = (
         REQUEST_OVERHEAD_S
@@ -283,9 +283,10 @@ def _transformers_performance(
                         num_prompts=num_prompts)  # fmt: skip
 
 
-def _steady_step(s: Stage, c: Chip, w: Workload, decodes: float, budget: int, pp: int) -> StepTime:
-    """The mean step of the steady state: ``decodes`` requests generating, the others'
-    prompts computed beside them, (running - 1) x input_len tokens over output_len steps.
+def _steady_step(s: Stage, c: Chip, w: Workload, running: int, budget: int, pp: int) -> StepTime:
+    """The mean step of one of the ``pp`` stages in the steady state: its share of the
+    ``running`` requests generating, the others' prompts computed beside them, (running - 1)
+    x input_len tokens over output_len steps.
 
     Where those prompts fit in fewer chunks than there are steps, they come as whole chunks
     (what the step's token budget leaves beside the decodes) in a few steps, the rest decode
@@ -295,7 +296,8 @@ def _steady_step(s: Stage, c: Chip, w: Workload, decodes: float, budget: int, pp
     Where the chunks outnumber the steps, every step carries prompt tokens, spread evenly.
     """
     context = w.input_len + w.output_len / 2
-    prompts = (decodes * pp - 1) / pp  # the other requests' prompts a cycle computes
+    decodes = running / pp
+    prompts = (running - 1) / pp  # the other requests' prompts a cycle computes
     room = max(budget - decodes, 1)
     chunks = prompts * math.ceil(w.input_len / room)
     if prompts <= 0 or chunks >= w.output_len:
