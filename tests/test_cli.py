@@ -237,6 +237,7 @@ def test_gpus_json() -> None:
         "compute_capability",
         "product_label",
         "memory_bandwidth_gbps",
+        "memory_type",
         "tflops_16bit",
         "tflops_fp8",
         "tops_int8",
@@ -244,7 +245,7 @@ def test_gpus_json() -> None:
         "interconnect_gbps",
     } <= set(rows[0])
     # Every GPU has the datasheet figures the speed model reads.
-    assert all(r["memory_bandwidth_gbps"] and r["tflops_16bit"] for r in rows)
+    assert all(r["memory_bandwidth_gbps"] and r["tflops_16bit"] and r["memory_type"] for r in rows)
     h100 = next(r for r in rows if r["name"] == "H100-SXM-80GB")
     assert (h100["tflops_16bit"], h100["tflops_fp8"], h100["interconnect"]) == (989, 1979, "nvlink")
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from _pure_fixtures import offline_hub  # noqa: F401 - autouse fixture
 
@@ -88,6 +90,8 @@ def test_catalog_is_complete() -> None:
         assert (7, 0) <= (major, minor) <= (12, 9), g.name
         assert g.product_label, g.name  # e.g. NVIDIA-L4, Tesla-T4 (GPU feature discovery)
         assert " " not in g.product_label
+        # The memory's technology sets the share of its bandwidth decode reaches.
+        assert re.fullmatch(r"HBM(2e?|3e?)|GDDR6X?|GDDR7|LPDDR5X", g.memory_type or ""), g.name
 
 
 def test_catalog_capabilities() -> None:

@@ -28,6 +28,7 @@ def list_gpus(as_json: bool) -> None:
                         "compute_capability": list(g.compute_capability),
                         "product_label": g.product_label,
                         "memory_bandwidth_gbps": g.memory_bandwidth_gbps,
+                        "memory_type": g.memory_type,
                         "tflops_16bit": g.tflops_16bit,
                         "tflops_fp8": g.tflops_fp8,
                         "tops_int8": g.tops_int8,

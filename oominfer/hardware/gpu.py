@@ -40,6 +40,8 @@ class GpuSpec:
     """The value of the Kubernetes node label nvidia.com/gpu.product."""
     marketing_name: str | None = None
     memory_bandwidth_gbps: float | None = None
+    memory_type: str | None = None
+    """The memory's technology as the datasheet names it: HBM3e, GDDR6X, LPDDR5X..."""
     architecture: str | None = None
     sm_count: int | None = None
     """Streaming multiprocessors (sizes TRITON_MLA's decode workspace)."""
@@ -112,6 +114,7 @@ def _from_entry(entry: dict[str, Any]) -> GpuSpec:
         product_label=entry.get("product_label"),
         marketing_name=entry.get("marketing_name"),
         memory_bandwidth_gbps=entry.get("memory_bandwidth_gbps"),
+        memory_type=entry.get("memory_type"),
         architecture=entry.get("architecture"),
         sm_count=entry.get("sm_count"),
         tflops_16bit=entry.get("tflops_16bit"),

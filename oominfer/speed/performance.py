@@ -22,13 +22,13 @@ from oominfer.model.spec import ModelSpec
 from oominfer.settings import EngineSettings
 from oominfer.speed.roofline import (
     ALL_REDUCE_LATENCY_S,
-    BANDWIDTH_EFFICIENCY,
     FOUR_BIT_BANDWIDTH_EFFICIENCY,
     REQUEST_OVERHEAD_S,
     Bound,
     Chip,
     Stage,
     StepTime,
+    bandwidth_efficiency,
     compute_efficiency,
     moe_read_share,
     step_time,
@@ -99,7 +99,7 @@ def chip(gpu: GpuSpec, settings: EngineSettings, spec: ModelSpec) -> Chip | None
     flops = _compute_flops(gpu, fmt.method if fmt else None)
     if not gpu.memory_bandwidth_gbps or flops is None:
         return None
-    efficiency = BANDWIDTH_EFFICIENCY
+    efficiency = bandwidth_efficiency(gpu)
     if fmt is not None and fmt.bits <= 4 and fmt.method in ("awq", "gptq"):
         kernel = "plain" if method in ("awq", "gptq") and settings.quantization else "marlin"
         efficiency = FOUR_BIT_BANDWIDTH_EFFICIENCY[kernel]

@@ -34,7 +34,18 @@ launching each layer's kernels."""
 # t18); the step floor and the request overhead from the single-stream points (t01, t03).
 BANDWIDTH_EFFICIENCY: Final = 0.70
 """Decode reads weights and KV cache at this share of the HBM bandwidth (single-stream
-dense points sit at 1.15-1.6x the pure bandwidth bound, floor included)."""
+dense points sit at 1.15-1.6x the pure bandwidth bound, floor included), and of any memory
+the catalog does not name as GDDR (the GB10's LPDDR5X: its three points sit within 12%)..."""
+GDDR_BANDWIDTH_EFFICIENCY: Final = 0.85
+"""... and at this share of a graphics card's GDDR6, GDDR6X or GDDR7 (RTX 3090 to RTX PRO
+6000, L4, L40S, A10G, RTX A6000): a discrete card's GDDR streams closer to its datasheet
+peak than HBM does. One stream of Qwen2.5-7B on an RTX 4090 (vLLM 0.25.1) reads its 14.1 GB
+a token in 15.9 ms, 0.88 of the card's 1,008 GB/s, where an H100's single streams reach
+about 0.7 of its 3,350. At the HBM share the 25 vLLM points on GDDR cards of the two sets
+came out 13% slow in output tokens/s and 18% in TPOT (medians, signed), at this share 0%
+and +2%; the medians of all points moved from 13.3% to 11.5% (shared set) and 13.1% to
+11.7% (gathered) in tokens/s, 18.0% to 16.7% in the gathered TPOT (bench/speed.py). The
+4-bit kernels keep their own shares (FOUR_BIT_BANDWIDTH_EFFICIENCY: t07 is an L4's)."""
 MOE_READ_HALF_BANDWIDTH_GBPS: Final = 12000.0
 """The fused-MoE kernels read the experts a step touches at a share of what dense GEMMs reach
 that falls with the memory's speed, 1 / (1 + bandwidth / this): their fixed costs per expert
@@ -205,6 +216,13 @@ def compute_efficiency(gpu: GpuSpec) -> float:
     COMPUTE_EFFICIENCY on the datacenter GPUs from Hopper on, COMPUTE_EFFICIENCY_MMA on the
     others."""
     return COMPUTE_EFFICIENCY if gpu.compute_capability[0] in (9, 10) else COMPUTE_EFFICIENCY_MMA
+
+
+def bandwidth_efficiency(gpu: GpuSpec) -> float:
+    """The share of ``gpu``'s memory bandwidth a step's reads reach:
+    GDDR_BANDWIDTH_EFFICIENCY on GDDR memory, BANDWIDTH_EFFICIENCY on the rest."""
+    gddr = (gpu.memory_type or "").upper().startswith("GDDR")
+    return GDDR_BANDWIDTH_EFFICIENCY if gddr else BANDWIDTH_EFFICIENCY
 
 
 def moe_read_share(gpu: GpuSpec) -> float:
