@@ -125,10 +125,11 @@ def _gpu(text: str) -> GpuSpec | None:
         return None
     name = m.group(1)
     size = re.search(r"(\d{2,3})\s*GB", t)
-    form = "PCIE" if "PCIE" in t else "SXM"
+    form = "PCIE" if "PCIE" in t else "NVL" if re.search(r"\bNVL\b", t) else "SXM"
     for attempt in (
         f"{name}-{form}-{size.group(1)}GB" if size else None,
         f"{name}-{size.group(1)}GB" if size else None,
+        f"{name}-NVL" if form == "NVL" else None,
         f"{name}-{form}-80GB" if name in ("A100", "H100") else None,
         f"{name}-SXM-141GB" if name == "H200" else None,
         name,
