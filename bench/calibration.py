@@ -374,6 +374,10 @@ def replay(point: dict[str, Any]) -> dict[str, Any]:
     # kv_cache_utils.py), a quarter of what Qwen3-Next's attention layers hold: its bytes per
     # printed token are not the bytes one token adds.
     hybrid = bool(spec.state_layers)
+    # Newer releases print int(concurrency x max_model_len) (v1/core/kv_cache_utils.py
+    # ``get_kv_cache_capacity``), not whole blocks: with sliding-window layers, which hold a
+    # window a request, that is more tokens than the bytes one token adds would give.
+    windowed = bool(spec.sliding_layers and tokens) and tokens % 16 != 0
     if (
         gpu is not None
         and kv_gib is not None
@@ -381,6 +385,7 @@ def replay(point: dict[str, Any]) -> dict[str, Any]:
         and tokens
         and not overridden
         and not hybrid
+        and not windowed
     ):
         # (--num-gpu-blocks-override sets the token count whatever the KV bytes are.)
         # vLLM rounds the GiB it prints to 0.01: the per-token bytes are exact when the

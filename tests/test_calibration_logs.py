@@ -110,6 +110,9 @@ XFAIL: dict[tuple[str, str], str] = {
         "is a fixed part no other log shows"
         for log in ("g9-01", "g9-02")
     },
+    ("g24-02", "cuda_graphs"): "the one Gemma 4 log (0.20.2, H200): its capture took 0.88 GiB "
+    "(vLLM's own estimate 0.88) where 0.45 is estimated; its heterogeneous head sizes force "
+    "TRITON_ATTN, and the graph terms were fitted on logs of other backends",
     ("g8-01", "cuda_graphs"): "Qwen3-Coder-30B-A3B-FP8 through Marlin's MoE on an A100: the "
     "capture took 1.02 GiB (vLLM estimated 1.21) where 48 layers x 51 + 35 graphs give 0.73, "
     "without the A100's cuBLAS term (its weights run through Marlin); the one log of a "

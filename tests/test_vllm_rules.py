@@ -545,3 +545,34 @@ def test_the_installed_vllm_says_what_is_installed_beside_it(
     assert rules.flashinfer and rules.hopper_mxfp4 == "marlin"
     present["vllm"] = "0.13.0"
     assert installed.vllm_release() == "0.13.0"
+
+
+def test_gemma_4s_full_attention_layers_page_with_a_larger_block() -> None:
+    """Gemma 4 26B-A4B: 25 sliding-window layers of 8 KV heads x 256 and 5 full-attention
+    layers of 2 x 512 (``global_head_dim``, ``num_global_key_value_heads``): 8 and 4 KiB a
+    token in bf16, 220 KiB in all. vLLM gives the full layers 32-token blocks to match the
+    sliding layers' 16-token page; the 0.20.2 log g24-02 (an H200, max_model_len 32,768,
+    8,192 batched tokens) holds 30.04 requests in its 71.67 GiB, and so does this layout."""
+    spec = load_spec("google/gemma-4-26B-A4B")
+    assert spec.kv_width("full") == (2, 512) and spec.kv_width("sliding") == (8, 256)
+    version = EngineVersion.parse("0.20.2")
+    settings = EngineSettings(max_model_len=32768, gpu_memory_utilization=0.9)
+    b = estimate(spec, hardware=Hardware(gpu=find_gpu("H200")), settings=settings,
+                 version=version)  # fmt: skip
+    assert b.kv_bytes_per_token == 220 * 1024
+    assert b.layout is not None and b.layout.full_block_size == 2 * b.layout.block_size
+    blocks = int(71.67 * GiB) // b.layout.bytes_per_block
+    assert round(blocks / b.layout.blocks_per_request(32768), 2) == 30.04
+    # The log's weights: "Model loading took 48.5 GiB" (the dense MLP beside the experts,
+    # the wider full-attention projections and the gated vision tower all counted).
+    assert abs(b.weights_bytes / (48.5 * GiB) - 1) < 0.01
+
+
+def test_a_sliding_window_holds_the_batches_in_flight_from_0_24() -> None:
+    """Beside its window a sliding layer holds one step's tokens up to 0.23, then every batch
+    in flight (PR #47728): two with async scheduling, pp + 1 on the V2 runner."""
+    assert EngineVersion.parse("0.20.2").in_flight_tokens(8192, 1) == 8192
+    assert EngineVersion.parse("0.23.0").in_flight_tokens(8192, 2) == 8192
+    assert EngineVersion.parse("0.24.0").in_flight_tokens(8192, 1) == 2 * 8192
+    assert EngineVersion.parse("0.27.1").in_flight_tokens(8192, 4) == 4 * 8192
+    assert EngineVersion.parse("0.33.0").in_flight_tokens(8192, 2) == 3 * 8192

@@ -70,7 +70,7 @@ from oominfer.memory.weights import (
     stage_weights,
     weight_rounding_bytes,
 )
-from oominfer.model.spec import ATTENTION_KINDS, STATE_KINDS, ModelSpec
+from oominfer.model.spec import ATTENTION_KINDS, STATE_KINDS, LayerKind, ModelSpec
 from oominfer.rules import kv_cache as kv_cache_rules
 from oominfer.rules import quantization as quantization_rules
 from oominfer.rules import speculative as speculative_rules
@@ -151,6 +151,16 @@ def estimate(
     )
     ranges = pp_layer_ranges(spec.num_layers, pp)
     per_layer = kv_bytes_per_token_layer(spec, kv_bytes=kv_elem, tp=tp, version=version)
+    per_full_layer = kv_bytes_per_token_layer(
+        spec, kv_bytes=kv_elem, tp=tp, version=version, full=True
+    )
+
+    def kv_per_token(kinds: tuple[LayerKind, ...]) -> int:
+        """Bytes a token takes in the attention layers of ``kinds``."""
+        return sum(
+            per_full_layer if k == "full" else per_layer for k in kinds if k in ATTENTION_KINDS
+        )
+
     state_dtype = dtype_bytes(spec.state_dtype) if spec.state_dtype else elem
     state_layer = spec.state_elements_per_layer * state_dtype // tp
     budget = math.ceil(gpu.cuda_total_bytes * s.gpu_memory_utilization)
@@ -169,7 +179,7 @@ def estimate(
             weights=max(0, sum(stages) // tp - offload)
             + unquantized_expert_bytes(spec, dtype=dtype, quantization=s.quantization) // tp
             + kept,
-            per_token=per_layer * spec.attention_layers,
+            per_token=kv_per_token(spec.layer_kinds),
             state_per_seq=state_layer * spec.state_layers,
             seqs=seqs,
             max_len=max_len,
@@ -324,9 +334,9 @@ def estimate(
             per_token_layer=per_layer,
             state_bytes_layer=state_layer,
             block=block,
-            batched=batched,
-            pp=pp,
+            in_flight=version.in_flight_tokens(batched, pp),
             state_blocks=max(blocks_of_state, 1),
+            full_token_layer=per_full_layer,
         )
         if layout is not None and added.speculative_kv_bytes_per_token:
             # The draft's layers page into the same pool: every block holds them too.
@@ -359,8 +369,7 @@ def estimate(
             non_torch_bytes=non_torch,
             cuda_graph_bytes=graphs,
             kv_cache_bytes=kv_cache,
-            kv_bytes_per_token=per_layer * sum(1 for k in kinds if k in ATTENTION_KINDS)
-            + added.speculative_kv_bytes_per_token,
+            kv_bytes_per_token=kv_per_token(kinds) + added.speculative_kv_bytes_per_token,
             state_bytes_per_seq=state_layer * sum(1 for k in kinds if k in STATE_KINDS),
             block_size=layout.block_size if layout else 0,
             kv_cache_tokens=tokens,

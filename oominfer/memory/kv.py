@@ -11,12 +11,14 @@ from oominfer.rules.versions import EngineVersion
 
 
 def kv_bytes_per_token_layer(
-    spec: ModelSpec, *, kv_bytes: int, tp: int, version: EngineVersion
+    spec: ModelSpec, *, kv_bytes: int, tp: int, version: EngineVersion, full: bool = False
 ) -> int:
-    """KV-cache bytes one token takes in one attention layer on one GPU.
+    """KV-cache bytes one token takes in one attention layer on one GPU (a full-attention
+    one with ``full``: Gemma 4's differ from its sliding-window ones, ``ModelSpec.kv_width``).
 
     Standard attention: 2 (K and V) x kv_heads x head_dim x bytes, the heads split across
-    tensor-parallel ranks (replicated when there are fewer KV heads than ranks).
+    tensor-parallel ranks (replicated when there are fewer KV heads than ranks). vLLM stores
+    V even where a layer shares it with K (Gemma 4's ``attention_k_eq_v``).
     MLA caches the compressed latent once: (kv_lora_rank + qk_rope_head_dim) x bytes, on
     every rank (vllm MLAAttentionSpec: num_kv_heads=1).
     """
@@ -27,8 +29,9 @@ def kv_bytes_per_token_layer(
             qk = (spec.qk_nope_head_dim or spec.head_dim) + spec.qk_rope_head_dim
             return 2 * max(1, spec.num_attention_heads // tp) * qk * kv_bytes
         return (spec.kv_lora_rank + spec.qk_rope_head_dim) * kv_bytes
-    heads = max(1, spec.num_kv_heads // tp)
-    return 2 * heads * spec.head_dim * kv_bytes
+    kv_heads, head_dim = spec.kv_width("full" if full else "sliding")
+    heads = max(1, kv_heads // tp)
+    return 2 * heads * head_dim * kv_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +43,10 @@ class KvLayout:
     ``bytes_per_block = group_size x page``. A request needs, per group, cdiv(L, block) blocks
     (full attention), at most cdiv(window - 1 + in-flight tokens, block) + 1 (sliding window),
     or ``state_blocks`` blocks (a recurrent state: rules/attention.py).
+
+    Where the full-attention layers take fewer bytes a token than the others (Gemma 4), their
+    page is brought to the common one by a larger block (v1/core/kv_cache_planning.py
+    ``unify_kv_cache_spec_page_size``): ``full_block_size`` tokens a block.
     """
 
     block_size: int
@@ -48,13 +55,15 @@ class KvLayout:
     """(kind, number of such groups)."""
     window_tokens: int
     state_blocks: int = 1
+    full_block_size: int = 0
+    """Tokens a full-attention block holds; 0: ``block_size``."""
 
     def blocks_per_request(self, length: int) -> int:
         """Blocks one request of ``length`` tokens takes, summed over groups."""
         total = 0
         for kind, count in self.groups:
             if kind == "full":
-                per = math.ceil(length / self.block_size)
+                per = math.ceil(length / (self.full_block_size or self.block_size))
             elif kind == "sliding":
                 per = math.ceil(min(self.window_tokens, length) / self.block_size) + 1
             else:
@@ -70,11 +79,15 @@ def kv_layout(
     per_token_layer: int,
     state_bytes_layer: int,
     block: int,
-    batched: int,
-    pp: int,
+    in_flight: int,
     state_blocks: int = 1,
+    full_token_layer: int = 0,
 ) -> KvLayout | None:
-    """The paged-cache layout of the layers ``kinds`` on one GPU; None without attention."""
+    """The paged-cache layout of the layers ``kinds`` on one GPU; None without attention.
+
+    ``per_token_layer`` is a layer's bytes a token (``full_token_layer`` a full-attention
+    layer's where they differ), ``in_flight`` the tokens scheduled and not yet settled that a
+    sliding window holds beside its window (``EngineVersion.in_flight_tokens``)."""
     counts = {k: kinds.count(k) for k in ("full", "sliding")}
     counts["state"] = sum(1 for k in kinds if k in ("mamba", "linear_attention"))
     present = {k: n for k, n in counts.items() if n}
@@ -86,11 +99,21 @@ def kv_layout(
         # (vllm/platforms/interface.py _align_hybrid_block_size).
         block = max(block, 16 * math.ceil(state_bytes_layer / (16 * per_token_layer)))
     page = block * per_token_layer
-    window = (spec.sliding_window or 0) - 1 + (pp + 1) * batched
+    full_block = 0
+    if full_token_layer and full_token_layer != per_token_layer and counts["full"]:
+        # The smaller page is brought to the larger by a block that many times larger, or
+        # padded where it does not divide it.
+        full_page = block * full_token_layer
+        if page % full_page == 0:
+            full_block = block * (page // full_page)
+        elif full_page % page == 0 and not counts["state"]:
+            full_block, block = block, block * (full_page // page)
+        page = max(page, full_page)
+    window = (spec.sliding_window or 0) - 1 + in_flight
     low, high = min(present.values()), max(present.values())
     group_size = high if high < 1.5 * low else low
     groups = tuple((k, math.ceil(n / group_size)) for k, n in present.items())
-    return KvLayout(block, group_size * page, groups, window, state_blocks)
+    return KvLayout(block, group_size * page, groups, window, state_blocks, full_block)
 
 
 def longest(blocks_needed: Callable[[int], int], usable: int, limit: int, block: int) -> int:

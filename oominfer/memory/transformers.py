@@ -97,8 +97,11 @@ def transformers_seq_kv_bytes(spec: ModelSpec, *, length: int, per_token: int) -
 def sliding_bytes_per_token(spec: ModelSpec, per_token: int) -> int:
     """The part of ``per_token`` (bytes a token takes in all the attention layers) in the
     sliding-window layers."""
-    layers = spec.attention_layers
-    return per_token // layers * spec.sliding_layers if layers else 0
+    sliding_heads, sliding_dim = spec.kv_width("sliding")
+    full_heads, full_dim = spec.kv_width("full")
+    sliding = spec.sliding_layers * sliding_heads * sliding_dim
+    full = (spec.attention_layers - spec.sliding_layers) * full_heads * full_dim
+    return per_token * sliding // (sliding + full) if sliding + full else 0
 
 
 def _repeated_kv_bytes(spec: ModelSpec, *, tokens: int, dtype_size: int, tp: int) -> int:

@@ -124,6 +124,9 @@ def _parse(raw: Mapping[str, Any], *, model_id: str, checkpoint: Checkpoint, src
 
     kinds = _layer_kinds(r, layers)
     window = r.integer("sliding_window", default=0) if "sliding" in kinds else None
+    # Gemma 4's full-attention layers: their own KV heads and head size.
+    full_kv_heads = r.integer("num_global_key_value_heads", default=0)
+    full_head_dim = r.integer("global_head_dim", default=0)
     quant = _quant_spec(r.section("quantization_config"), model_id)
 
     kv_lora = r.opt_integer("kv_lora_rank")
@@ -140,6 +143,8 @@ def _parse(raw: Mapping[str, Any], *, model_id: str, checkpoint: Checkpoint, src
         heads=heads,
         kv_heads=kv_heads,
         head_dim=head_dim,
+        full_kv_heads=full_kv_heads or kv_heads,
+        full_head_dim=full_head_dim or head_dim,
         inter=inter,
         vocab=vocab,
         tied=tied,
@@ -164,6 +169,8 @@ def _parse(raw: Mapping[str, Any], *, model_id: str, checkpoint: Checkpoint, src
         tie_word_embeddings=tied,
         layer_kinds=kinds,
         sliding_window=window or None,
+        full_kv_heads=full_kv_heads,
+        full_head_dim=full_head_dim,
         kv_lora_rank=kv_lora,
         qk_rope_head_dim=rope_dim,
         qk_nope_head_dim=r.opt_integer("qk_nope_head_dim") if kv_lora is not None else None,

@@ -43,13 +43,20 @@ def param_counts(
     heads: int,
     kv_heads: int,
     head_dim: int,
+    full_kv_heads: int,
+    full_head_dim: int,
     inter: int,
     vocab: int,
     tied: bool,
     n_experts: int,
     moe_inter: int,
 ) -> ParamCounts:
-    """Parameters by role, layer by layer, from the architecture alone."""
+    """Parameters by role, layer by layer, from the architecture alone.
+
+    Gemma 4's full-attention layers project to their own KV heads and head size
+    (``full_kv_heads``, ``full_head_dim``); where they share K and V (``attention_k_eq_v``)
+    the checkpoint has no v_proj, but vLLM's fused QKV keeps a V slot it loads K into: it is
+    counted. Its MoE layers run a dense MLP beside the experts, as a shared expert."""
     gated = model_type not in UNGATED_MLP
     mlp_mats = 3 if gated else 2
     biased = r.flag("attention_bias", False) or model_type in ("qwen2", "qwen2_moe", "qwen")
@@ -70,8 +77,12 @@ def param_counts(
             + heads * v_dim * hidden
         )
         attn_other = kv_rank + (q_rank or 0)
+        full_attn = attn
     else:
         attn = hidden * (heads + 2 * kv_heads) * head_dim + heads * head_dim * hidden
+        full_attn = (
+            hidden * (heads + 2 * full_kv_heads) * full_head_dim + heads * full_head_dim * hidden
+        )
         attn_other = (heads + 2 * kv_heads) * head_dim if biased else 0
         if r.flag("qk_norm", False) or model_type.startswith(("qwen3", "gemma3", "olmo2")):
             attn_other += 2 * head_dim
@@ -85,7 +96,7 @@ def param_counts(
         or r.integer("moe_shared_expert_intermediate_size", default=0)
         or r.integer("n_shared_experts", default=0) * moe_inter
     )
-    if model_type == "llama4":
+    if model_type == "llama4" or (model_type.startswith("gemma4") and n_experts):
         shared_inter = shared_inter or inter
     expert_bias = (2 * moe_inter + hidden) if model_type == "gpt_oss" else 0
     state_params = _state_layer_params(r, hidden)
@@ -96,7 +107,7 @@ def param_counts(
     for i, kind in enumerate(kinds):
         lin, exp, oth = 0, 0, norms_per_layer * hidden
         if kind in ATTENTION_KINDS:
-            lin += attn
+            lin += full_attn if kind == "full" else attn
             oth += attn_other
         elif kind in STATE_KINDS:
             lin += state_params[0]
@@ -156,6 +167,8 @@ def vision_params(r: ConfigReader, *, text_hidden: int) -> int:
     temporal = v.integer("temporal_patch_size", default=1)
     image = v.integer("image_size", default=0)
     positions = v.integer("num_position_embeddings", default=(image // patch) ** 2 if image else 0)
+    # Gemma 4's tower: a table per axis (``Gemma4VisionPatchEmbedder.position_embedding_table``).
+    positions = positions or 2 * v.integer("position_embedding_size", default=0)
     merge = v.integer("spatial_merge_size", default=1)
     out = v.integer("out_hidden_size", default=text_hidden)
     mlp = (3 if vision_gated(v.cfg) else 2) * hidden * inter
@@ -178,10 +191,12 @@ def spatial_merge(cfg: Mapping[str, Any]) -> int:
 
 
 def vision_gated(vision: Mapping[str, Any]) -> bool:
-    """A SwiGLU tower MLP (gate, up and down projections): the towers whose ``hidden_act`` is
-    ``silu`` (Qwen2.5-VL, Pixtral); CLIP, SigLIP, Qwen2-VL and Qwen3-VL's GELU MLPs have
-    two."""
-    return str(vision.get("hidden_act", "")) == "silu"
+    """A gated tower MLP (gate, up and down projections): the towers whose ``hidden_act`` is
+    ``silu`` (Qwen2.5-VL, Pixtral) and Gemma 4's (GeGLU: transformers' ``Gemma4VisionMLP``);
+    CLIP, SigLIP, Qwen2-VL and Qwen3-VL's GELU MLPs have two."""
+    return (
+        str(vision.get("hidden_act", "")) == "silu" or vision.get("model_type") == "gemma4_vision"
+    )
 
 
 def vision_encoder(r: ConfigReader) -> VisionEncoder | None:

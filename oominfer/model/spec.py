@@ -177,6 +177,12 @@ class ModelSpec:
     tie_word_embeddings: bool
     layer_kinds: tuple[LayerKind, ...]
     sliding_window: int | None = None
+    full_kv_heads: int = 0
+    """KV heads of the full-attention layers where they differ from the others' (Gemma 4:
+    ``num_global_key_value_heads``); 0: ``num_kv_heads``."""
+    full_head_dim: int = 0
+    """Head size of the full-attention layers where it differs (Gemma 4: ``global_head_dim``);
+    0: ``head_dim``."""
     # MLA (DeepSeek V2/V3): the latent is cached once per token and layer.
     kv_lora_rank: int | None = None
     qk_rope_head_dim: int | None = None
@@ -251,6 +257,13 @@ class ModelSpec:
     def sliding_layers(self) -> int:
         """Attention layers that keep only a sliding window of the KV cache."""
         return self.layer_kinds.count("sliding")
+
+    def kv_width(self, kind: LayerKind) -> tuple[int, int]:
+        """(KV heads, head size) of a ``kind`` attention layer: Gemma 4's full-attention
+        layers have fewer, wider heads than its sliding-window ones."""
+        if kind == "full":
+            return self.full_kv_heads or self.num_kv_heads, self.full_head_dim or self.head_dim
+        return self.num_kv_heads, self.head_dim
 
     @property
     def state_layers(self) -> int:

@@ -135,6 +135,11 @@ class EngineVersion:
     cuda12_build: bool = False
     """The release's default wheel and image are built on CUDA 12 (before 0.20, which moved
     to PyTorch 2.11 and CUDA 13.0: its release notes, "CUDA 13.0 default")."""
+    in_flight_batches: bool = False
+    """0.24+: a sliding-window layer holds, beside its window, the tokens of every batch in
+    flight (async scheduling's two, or a pipeline's stages), not one step's (PR #47728,
+    merged 2026-07-06, after 0.23.0: ``VllmConfig.max_in_flight_tokens``). A 0.20.2 log of
+    Gemma 4 (5 groups of sliding layers) prints the concurrency one step's tokens give."""
     snapshot_after_nccl: bool = False
     """0.11+: the worker takes its start-up memory snapshot after NCCL is initialised (PR
     #25359), so NCCL's init-time buffers are no longer free when vLLM checks that
@@ -175,9 +180,21 @@ class EngineVersion:
             mla_workspace_in_profile=release >= (0, 33),
             gdn_checkpoint_blocks=release >= (0, 33),
             snapshot_after_nccl=v1 and release >= (0, 11),
+            in_flight_batches=release >= (0, 24),
             cuda12_build=release < (0, 20),
             yarn_from_original=release < (0, 32),
         )
+
+    def in_flight_tokens(self, batched: int, pp: int) -> int:
+        """Tokens scheduled and not yet settled that a sliding window holds beside itself:
+        one step's ``batched`` before ``in_flight_batches``; then one batch per concurrent
+        step (vllm/config/vllm.py ``max_concurrent_batches``: with async scheduling pp + 1
+        on the V2 runner, two without pipeline parallelism on the V1 runner, else pp)."""
+        if not self.in_flight_batches:
+            return batched
+        if self.model_runner_v2:
+            return (pp + 1) * batched
+        return (2 if pp == 1 else pp) * batched
 
     @property
     def number(self) -> str:
