@@ -93,6 +93,8 @@ def kv_layout(
     present = {k: n for k, n in counts.items() if n}
     if not counts["full"] and not counts["sliding"]:
         return None
+    if not counts["sliding"] and full_token_layer:  # full attention only: its own width
+        per_token_layer = full_token_layer
     if counts["state"]:
         # Hybrid models: the attention block grows (in steps of 16 tokens) until its page
         # holds a Mamba state, whose page is then padded to match
