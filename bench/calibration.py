@@ -24,7 +24,7 @@ import re
 import statistics
 import sys
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Final, Literal, TypeVar
 
 from oominfer.base.errors import OominferError
 from oominfer.base.units import GiB
@@ -444,6 +444,30 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+HELD_OUT_RELEASES: Final = ((0, 10), (0, 21))
+"""The releases of the issue's held-out logs (vLLM 0.10-0.21): ``in_held_out_range``."""
+
+
+def in_held_out_range(rows: list[dict[str, Any]]) -> str:
+    """One line of figures over the replayed logs of the held-out set's releases, whichever
+    file they come from: medians of weights, KV-cache bytes and graph memory, and verdicts."""
+    low, high = HELD_OUT_RELEASES
+    picked = [
+        r for r in rows
+        if "version" in r and low <= tuple(map(int, r["version"].split(".")[:2])) <= high
+    ]  # fmt: skip
+    weights = [abs(r["weights_err"]) for r in picked if "weights_err" in r]
+    kv = [abs(r["kv_bytes_err"]) for r in picked if "kv_bytes_err" in r]
+    graphs = [abs(r["cuda_graph_err_gib"]) for r in picked if "cuda_graph_err_gib" in r]
+    verdicts = [r["verdict_ok"] for r in picked if "verdict_ok" in r]
+    return (
+        f"vLLM 0.10-0.21, all files: weights {_median(weights) * 100:.2f}% over {len(weights)}, "
+        f"KV cache {_median(kv) * 100:.2f}% over {len(kv)}, CUDA graphs "
+        f"{_median(graphs):.2f} GiB over {len(graphs)}, verdicts right on "
+        f"{sum(verdicts)}/{len(verdicts)}"
+    )
+
+
 def _median(values: list[float]) -> float:
     """The median, 0 for no values (a small set that prints no such part)."""
     return statistics.median(values) if values else 0.0
@@ -597,6 +621,7 @@ def main() -> int:
             print(json.dumps(rows, indent=2))
         return 0
     results = [report(path) for path in paths]
+    print(in_held_out_range([replay(p) for path in paths for p in load_points(path)]))
     return 0 if all(results) else 1
 
 
