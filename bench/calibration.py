@@ -557,10 +557,9 @@ def load_points(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def report(path: Path) -> bool:
-    """Print one set's table and summary; whether it meets the bars."""
-    points = load_points(path)
-    rows = [replay(p) for p in points]
+def report(path: Path, points: list[dict[str, Any]], rows: list[dict[str, Any]]) -> bool:
+    """Print one set's table and summary from its ``points`` and their replayed ``rows``;
+    whether it meets the bars."""
     print(f"# {path.name}: {len(rows)} logs")
     print(
         f"{'id':<5} {'ver':<5} {'model':<46} {'weights':>8} {'KV/tok':>8} {'KV bytes':>9} verdict"
@@ -620,8 +619,10 @@ def main() -> int:
         else:
             print(json.dumps(rows, indent=2))
         return 0
-    results = [report(path) for path in paths]
-    print(in_held_out_range([replay(p) for path in paths for p in load_points(path)]))
+    sets = {path: load_points(path) for path in paths}
+    replayed = {path: [replay(p) for p in points] for path, points in sets.items()}
+    results = [report(path, sets[path], rows) for path, rows in replayed.items()]
+    print(in_held_out_range([r for rows in replayed.values() for r in rows]))
     return 0 if all(results) else 1
 
 
