@@ -97,12 +97,12 @@ TODAY_EXTRA: dict[str, dict[str, float]] = {
     "u04": {"output_tokens_per_s": 1.062, "tpot_s": 1.055},
     # Bursts of ShareGPT prompts (gpustack's performance lab): a request's TPOT is its own
     # mean, and short ones live through the prompt-heavy first steps.
-    "u05": {"output_tokens_per_s": 1.285, "tpot_s": 0.535},
-    "u06": {"output_tokens_per_s": 1.26, "tpot_s": 0.869},
+    "u05": {"output_tokens_per_s": 1.159, "tpot_s": 0.722},
+    "u06": {"output_tokens_per_s": 1.229, "tpot_s": 0.928},
     # Output tokens/s where the source gives only the total: its output share by the stated
     # mean lengths (bench/speed.py _measured).
-    "u07": {"output_tokens_per_s": 0.877, "tpot_s": 0.783},
-    "u08": {"output_tokens_per_s": 0.743, "tpot_s": 1.328},
+    "u07": {"output_tokens_per_s": 0.778, "tpot_s": 1.06},
+    "u08": {"output_tokens_per_s": 0.743, "tpot_s": 1.338},
     # A100 bursts whose 3.4 and 4.0 s mean TTFT are below the A100's compute bound for
     # their prompts (secondary: the notes' ANOMALY).
     "u09": {"output_tokens_per_s": 0.671, "tpot_s": 0.325},
@@ -119,7 +119,7 @@ TODAY_EXTRA: dict[str, dict[str, float]] = {
     "u15": {"output_tokens_per_s": 0.946, "tpot_s": 1.115},
     "u16": {"output_tokens_per_s": 0.94, "tpot_s": 1.532},
     "u17": {"output_tokens_per_s": 1.14, "tpot_s": 0.585},
-    "u18": {"output_tokens_per_s": 1.058, "tpot_s": 1.047},
+    "u18": {"output_tokens_per_s": 1.07, "tpot_s": 1.072},
     "u19": {"output_tokens_per_s": 1.013, "tpot_s": 0.987},
     "u20": {"output_tokens_per_s": 1.17, "tpot_s": 0.854},
     "u21": {"output_tokens_per_s": 1.106, "tpot_s": 0.904},
@@ -149,23 +149,23 @@ TODAY_EXTRA: dict[str, dict[str, float]] = {
     "w1-02": {"output_tokens_per_s": 1.264, "tpot_s": 0.796},
     "w1-03": {"output_tokens_per_s": 1.142, "tpot_s": 0.898},
     "w1-04": {"output_tokens_per_s": 0.849, "tpot_s": 1.156},
-    "w1-05": {"output_tokens_per_s": 0.972, "tpot_s": 1.026},
+    "w1-05": {"output_tokens_per_s": 0.964, "tpot_s": 1.065},
     "w1-06": {"output_tokens_per_s": 0.908, "tpot_s": 1.128},
     "w1-07": {"output_tokens_per_s": 1.164, "tpot_s": 1.502},
-    "w1-08": {"output_tokens_per_s": 1.272, "tpot_s": 0.582},
+    "w1-08": {"output_tokens_per_s": 1.269, "tpot_s": 0.725},
     "w1-09": {"output_tokens_per_s": 1.095, "tpot_s": 0.887},
-    "w1-10": {"output_tokens_per_s": 1.205, "tpot_s": 0.879},
-    "w1-11": {"output_tokens_per_s": 1.229, "tpot_s": 0.9},
+    "w1-10": {"output_tokens_per_s": 1.169, "tpot_s": 0.915},
+    "w1-11": {"output_tokens_per_s": 1.208, "tpot_s": 0.926},
     "w1-12": {"output_tokens_per_s": 2.554, "tpot_s": 0.934},
-    "w1-13": {"output_tokens_per_s": 0.879, "tpot_s": 0.765},
+    "w1-13": {"output_tokens_per_s": 0.773, "tpot_s": 1.049},
     "w1-14": {"output_tokens_per_s": 1.204, "tpot_s": 0.777},
     "w1-15": {"output_tokens_per_s": 1.082, "tpot_s": 0.873},
     "w1-16": {"output_tokens_per_s": 0.732, "tpot_s": 0.775},
-    "w1-17": {"output_tokens_per_s": 0.794, "tpot_s": 1.25},
+    "w1-17": {"output_tokens_per_s": 0.826, "tpot_s": 1.344},
     "w1-18": {"output_tokens_per_s": 0.768, "tpot_s": 1.441},
     "w1-19": {"output_tokens_per_s": 0.916, "tpot_s": 1.56},
     "w1-20": {"output_tokens_per_s": 1.112, "tpot_s": 0.755},
-    "w1-21": {"output_tokens_per_s": 1.307, "tpot_s": 0.794},
+    "w1-21": {"output_tokens_per_s": 1.258, "tpot_s": 0.899},
     "w1-22": {"output_tokens_per_s": 1.575, "tpot_s": 0.984},
     "w2-01": {"output_tokens_per_s": 1.233, "tpot_s": 0.649},
     "w2-02": {"output_tokens_per_s": 1.211, "tpot_s": 0.91},
@@ -174,54 +174,54 @@ TODAY_EXTRA: dict[str, dict[str, float]] = {
     "w2-05": {"output_tokens_per_s": 1.109, "tpot_s": 0.852},
     "w2-06": {"output_tokens_per_s": 1.116, "tpot_s": 0.846},
     "w2-07": {"output_tokens_per_s": 1.043, "tpot_s": 0.94},
-    "w2-08": {"output_tokens_per_s": 1.057, "tpot_s": 0.905},
+    "w2-08": {"output_tokens_per_s": 1.053, "tpot_s": 0.92},
     "w2-09": {"output_tokens_per_s": 0.982, "tpot_s": 1.043},
     "w2-10": {"output_tokens_per_s": 1.325, "tpot_s": 1.307},
     "w2-11": {"output_tokens_per_s": 0.842, "tpot_s": 1.172},
-    "w2-12": {"output_tokens_per_s": 0.954, "tpot_s": 0.989},
+    "w2-12": {"output_tokens_per_s": 0.949, "tpot_s": 1.007},
     "w2-13": {"output_tokens_per_s": 0.872, "tpot_s": 1.158},
     "w2-14": {"output_tokens_per_s": 0.987, "tpot_s": 1.54},
-    "w2-15": {"output_tokens_per_s": 0.915, "tpot_s": 0.702},
+    "w2-15": {"output_tokens_per_s": 0.912, "tpot_s": 0.787},
     "w2-16": {"output_tokens_per_s": 1.346, "tpot_s": 0.572},
-    "w2-17": {"output_tokens_per_s": 1.013, "tpot_s": 0.62},
-    "w2-18": {"output_tokens_per_s": 1.074, "tpot_s": 0.553},
-    "w2-19": {"output_tokens_per_s": 0.982, "tpot_s": 0.564},
+    "w2-17": {"output_tokens_per_s": 1.011, "tpot_s": 0.706},
+    "w2-18": {"output_tokens_per_s": 1.073, "tpot_s": 0.63},
+    "w2-19": {"output_tokens_per_s": 0.981, "tpot_s": 0.643},
     "w2-20": {"output_tokens_per_s": 0.706, "tpot_s": 1.446},
-    "w2-21": {"output_tokens_per_s": 0.73, "tpot_s": 1.435},
-    "w2-22": {"output_tokens_per_s": 0.782, "tpot_s": 1.369},
+    "w2-21": {"output_tokens_per_s": 0.722, "tpot_s": 1.471},
+    "w2-22": {"output_tokens_per_s": 0.769, "tpot_s": 1.407},
     "w2-23": {"output_tokens_per_s": 1.606, "tpot_s": 1.434},
     "w2-24": {"output_tokens_per_s": 1.005, "tpot_s": 1.006},
-    "w2-25": {"output_tokens_per_s": 0.897, "tpot_s": 1.14},
-    "w2-26": {"output_tokens_per_s": 0.938, "tpot_s": 1.131},
+    "w2-25": {"output_tokens_per_s": 0.895, "tpot_s": 1.163},
+    "w2-26": {"output_tokens_per_s": 0.922, "tpot_s": 1.163},
     "w2-27": {"output_tokens_per_s": 1.056, "tpot_s": 2.568},
-    "w2-28": {"output_tokens_per_s": 0.954, "tpot_s": 0.732},
-    "w2-29": {"output_tokens_per_s": 0.914, "tpot_s": 0.772},
+    "w2-28": {"output_tokens_per_s": 0.943, "tpot_s": 0.821},
+    "w2-29": {"output_tokens_per_s": 0.906, "tpot_s": 0.865},
     "w2-30": {"output_tokens_per_s": 1.069, "tpot_s": 0.816},
-    "w2-31": {"output_tokens_per_s": 0.901, "tpot_s": 0.757},
-    "w2-32": {"output_tokens_per_s": 0.901, "tpot_s": 0.746},
+    "w2-31": {"output_tokens_per_s": 0.893, "tpot_s": 0.848},
+    "w2-32": {"output_tokens_per_s": 0.891, "tpot_s": 0.837},
     "w2-33": {"output_tokens_per_s": 1.424, "tpot_s": 0.697},
     "w2-34": {"output_tokens_per_s": 0.952, "tpot_s": 0.718},
-    "w2-35": {"output_tokens_per_s": 0.922, "tpot_s": 0.776},
+    "w2-35": {"output_tokens_per_s": 0.915, "tpot_s": 0.803},
     "w2-36": {"output_tokens_per_s": 1.167, "tpot_s": 1.005},
     "w2-37": {"output_tokens_per_s": 1.068, "tpot_s": 0.96},
     "w2-38": {"output_tokens_per_s": 1.351, "tpot_s": 0.784},
     "w2-39": {"output_tokens_per_s": 0.86, "tpot_s": 0.8},
-    "w2-40": {"output_tokens_per_s": 0.841, "tpot_s": 0.869},
+    "w2-40": {"output_tokens_per_s": 0.835, "tpot_s": 0.899},
     "w2-41": {"output_tokens_per_s": 1.012, "tpot_s": 0.609},
     "w2-42": {"output_tokens_per_s": 1.012, "tpot_s": 1.015},
-    "w2-43": {"output_tokens_per_s": 1.253, "tpot_s": 0.892},
-    "w2-44": {"output_tokens_per_s": 1.235, "tpot_s": 0.917},
+    "w2-43": {"output_tokens_per_s": 1.29, "tpot_s": 1.068},
+    "w2-44": {"output_tokens_per_s": 1.277, "tpot_s": 1.106},
     "w2-45": {"output_tokens_per_s": 0.894, "tpot_s": 0.783},
     "w2-46": {"output_tokens_per_s": 0.911, "tpot_s": 0.865},
     "w2-47": {"output_tokens_per_s": 1.0, "tpot_s": 0.712},
-    "w2-48": {"output_tokens_per_s": 1.264, "tpot_s": 0.944},
+    "w2-48": {"output_tokens_per_s": 1.308, "tpot_s": 1.138},
     "w2-49": {"output_tokens_per_s": 0.922, "tpot_s": 2.813},
-    "w2-50": {"output_tokens_per_s": 1.014, "tpot_s": 1.458},
-    "w2-51": {"output_tokens_per_s": 1.051, "tpot_s": 1.485},
+    "w2-50": {"output_tokens_per_s": 1.022, "tpot_s": 1.512},
+    "w2-51": {"output_tokens_per_s": 1.039, "tpot_s": 1.523},
     "w2-52": {"output_tokens_per_s": 1.617, "tpot_s": 0.86},
     "w2-53": {"output_tokens_per_s": 1.117, "tpot_s": 0.928},
     "w2-54": {"output_tokens_per_s": 0.894, "tpot_s": 1.103},
-    "w2-55": {"output_tokens_per_s": 1.129, "tpot_s": 0.888},
+    "w2-55": {"output_tokens_per_s": 1.131, "tpot_s": 0.897},
     "w2-56": {"output_tokens_per_s": 1.152, "tpot_s": 0.935},
     "w2-57": {"output_tokens_per_s": 1.416, "tpot_s": 0.884},
     "w2-58": {"output_tokens_per_s": 1.124, "tpot_s": 0.937},
@@ -247,7 +247,7 @@ TODAY_EXTRA: dict[str, dict[str, float]] = {
     "w2-78": {"output_tokens_per_s": 1.131, "tpot_s": 0.957},
     "w2-79": {"output_tokens_per_s": 1.278, "tpot_s": 2.317},
     "w2-80": {"output_tokens_per_s": 1.234, "tpot_s": 0.825},
-    "w2-81": {"output_tokens_per_s": 1.085, "tpot_s": 1.011},
+    "w2-81": {"output_tokens_per_s": 1.082, "tpot_s": 1.026},
     "w2-82": {"output_tokens_per_s": 3.627, "tpot_s": 0.954},
     "w2-83": {"output_tokens_per_s": 1.023, "tpot_s": 1.014},
     # A fourth gathering (w3): benchmark_serving bursts of Qwen2/2.5 on A100s (vLLM 0.10.1),
@@ -261,7 +261,7 @@ TODAY_EXTRA: dict[str, dict[str, float]] = {
     "w3-05": {"output_tokens_per_s": 1.132, "tpot_s": 0.877},
     "w3-06": {"output_tokens_per_s": 0.996, "tpot_s": 0.992},
     "w3-07": {"output_tokens_per_s": 1.068, "tpot_s": 0.929},
-    "w3-08": {"output_tokens_per_s": 0.674, "tpot_s": 0.762},
+    "w3-08": {"output_tokens_per_s": 0.715, "tpot_s": 0.981},
     "w3-09": {"output_tokens_per_s": 1.31, "tpot_s": 0.756},
     "w3-10": {"output_tokens_per_s": 1.246, "tpot_s": 0.726},
     "w3-11": {"output_tokens_per_s": 1.352, "tpot_s": 0.699},
@@ -310,8 +310,8 @@ TODAY_EXTRA: dict[str, dict[str, float]] = {
     "s3-06": {"output_tokens_per_s": 1.303, "tpot_s": 0.763},
     "s3-07": {"output_tokens_per_s": 1.392, "tpot_s": 0.682},
     "s3-08": {"output_tokens_per_s": 1.222, "tpot_s": 0.739},
-    "s3-09": {"output_tokens_per_s": 0.983},
-    "s3-11": {"output_tokens_per_s": 0.814},
+    "s3-09": {"output_tokens_per_s": 0.956},
+    "s3-11": {"output_tokens_per_s": 0.792},
     "s3-13": {"output_tokens_per_s": 0.9, "tpot_s": 1.111},
 }
 
@@ -654,3 +654,55 @@ def test_gddr_reads_at_a_higher_share_of_its_peak_than_hbm() -> None:
     # An RTX 4090 (1,008 GB/s) and an RTX 5090 (1,792): measured 15.9 ms on the 4090.
     assert 14e-3 < tpot("RTX-4090") < 18e-3
     assert tpot("RTX-5090") < tpot("RTX-4090")
+
+
+def _burst_parts(max_model_len: int) -> tuple[Any, Any]:
+    """The stage and chip of Llama-3.1-8B on one H100 at ``max_model_len``."""
+    from oominfer.speed.performance import chip, stage
+
+    spec = load_spec("meta-llama/Llama-3.1-8B-Instruct")
+    hw = Hardware.from_gpu("H100")
+    s = EngineSettings(max_model_len=max_model_len)
+    b = estimate(spec, hardware=hw, settings=s, version=CURRENT_VLLM)
+    return stage(spec, s, b), chip(hw.gpu, s, spec)
+
+
+def test_a_burst_that_outgrows_the_kv_cache_preempts_the_last_admitted_and_finishes() -> None:
+    """200 prompts of 100 tokens with 900-token answers, on a pool that holds 50 whole
+    requests (a share of 1 / 50,000 a token): all 200 prompts fit at once, so vLLM admits
+    them all and preempts as the answers grow; every request still gets all its tokens.
+    With a pool that holds all 200 whole, nothing is preempted."""
+    from oominfer.speed.performance import _run_burst
+
+    s, c = _burst_parts(4096)
+    w = Workload(input_len=100, output_len=900, concurrency=200)
+    outputs = [900] * 200
+    kw: dict[str, Any] = {"cap": 200, "chunk": 8192, "pp": 1}
+    tight = _run_burst(s, c, w, outputs, footprint=(0.0, 1 / 50_000), **kw)
+    ample = _run_burst(s, c, w, outputs, footprint=(0.0, 1 / 250_000), **kw)
+    assert tight is not None and ample is not None
+    assert ample.preemptions == 0
+    assert tight.preemptions > 150
+    assert all(f > 0 for f in tight.first)
+    assert all(f > t for f, t in zip(tight.finish, tight.first, strict=True))
+    # The first admitted is never preempted, and decodes in smaller steps than with all 200
+    # in the pool; the preempted ones' prompts and tokens are computed again: the run is longer.
+    assert tight.finish[0] < ample.finish[0]
+    assert tight.clock > ample.clock
+
+
+def test_a_prompt_is_admitted_only_when_the_whole_of_it_fits() -> None:
+    """Prompts of 30,000 tokens on a pool that holds 1.5 of them: the second waits for the
+    first to finish (vLLM's scheduler_reserve_full_isl) instead of computing its first
+    chunks, being preempted as the cache fills, and computing them again."""
+    from oominfer.speed.performance import _run_burst
+
+    s, c = _burst_parts(32768)
+    w = Workload(input_len=30_000, output_len=100, concurrency=4)
+    run = _run_burst(s, c, w, [100] * 4, cap=4, chunk=8192, pp=1,
+                     footprint=(0.0, 1 / 45_150))  # fmt: skip
+    assert run is not None
+    assert run.preemptions == 0
+    # One at a time: each first token comes after the one before has finished.
+    for before, after in zip(run.finish, run.first[1:], strict=False):
+        assert after > before

@@ -9,10 +9,11 @@ wait. Step times come from ``oominfer.speed.roofline``.
 
 from __future__ import annotations
 
+import collections
 import heapq
 import math
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Final, Literal, NamedTuple
 
 from oominfer.hardware.gpu import GpuSpec
 from oominfer.memory.breakdown import MemoryBreakdown
@@ -341,6 +342,9 @@ def _prefill_seconds(s: Stage, c: Chip, w: Workload, running: int, chunk: int) -
     return seconds
 
 
+FOOTPRINT_SPAN: Final = 1024
+"""Tokens over which a request's KV cache share is taken per token (``_footprint``)."""
+
 SIMULATED_WAVES: Final = 16
 """``predict_run`` steps through at most this many batches of requests (a batch: as many as
 run at once) and extends the rest at their pace."""
@@ -392,7 +396,8 @@ def predict_run(
     stepped through as vLLM's scheduler runs it: every step decodes one token for each
     request that has its first, and gives what is left of max_num_batched_tokens to the
     prompts in arrival order (chunked prefill), admitting new requests while fewer than the
-    concurrency, max_num_seqs and the KV cache allow run; the last ones drain at an ever
+    concurrency and max_num_seqs run and the KV cache holds their prompt, and preempting the
+    last admitted when the cache is full (``_run_burst``); the last ones drain at an ever
     smaller batch. A request that decodes while prompts are computed beside it sees those
     longer steps in its TPOT. With ``spread`` the output lengths vary around ``output_len``
     (real chat data such as ShareGPT, taken as exponential); without it every request
@@ -429,10 +434,14 @@ def predict_run(
     queued = w.concurrency > cap
     simulated = prompts if queued else min(prompts, SIMULATED_WAVES * cap)
     outputs = _output_lengths(simulated, w.output_len, spread)
-    run = _run_burst(s, c, w, outputs, cap=cap, chunk=breakdown.max_num_batched_tokens, pp=pp)
+    # The scheduler runs up to max_num_seqs; the KV cache limits them as it fills.
+    seqs = min(prompts, w.concurrency, breakdown.max_num_seqs)
+    footprint = _footprint(breakdown, w)
+    chunk = breakdown.max_num_batched_tokens
+    run = _run_burst(s, c, w, outputs, cap=seqs, chunk=chunk, pp=pp, footprint=footprint)
     if run is None:
         return None
-    first, finish, clock, bound_at_full = run
+    first, finish, clock, bound_at_full, _ = run
     # The client sends request j when the (j - concurrency + 1)-th answer is done.
     done = sorted(finish)
     sent = [0.0 if j < w.concurrency else done[j - w.concurrency] for j in range(simulated)]
@@ -479,54 +488,144 @@ def predict_run(
     )
 
 
+class _Run(NamedTuple):
+    """A burst stepped through (``_run_burst``)."""
+
+    first: list[float]
+    """Each request's first-token time."""
+    finish: list[float]
+    """Each request's last-token time."""
+    clock: float
+    """The run's duration."""
+    bound_at_full: Bound | None
+    """What bounded the first step with every slot decoding, if one came."""
+    preemptions: int
+    """Requests pushed out of the KV cache to make room (each computed again)."""
+
+
 def _run_burst(
-    s: Stage, c: Chip, w: Workload, outputs: list[int], *, cap: int, chunk: int, pp: int
-) -> tuple[list[float], list[float], float, Bound | None] | None:
+    s: Stage,
+    c: Chip,
+    w: Workload,
+    outputs: list[int],
+    *,
+    cap: int,
+    chunk: int,
+    pp: int,
+    footprint: tuple[float, float],
+) -> _Run | None:
     """Step a burst through vLLM's scheduler: each step decodes one token for every request
-    that has its first and gives what is left of ``chunk`` tokens to the prompts in arrival
-    order, admitting new requests while fewer than ``cap`` run. Returns each request's
-    first-token and finish times, the run's duration, and what bounded the first full step
-    (None where nothing could run)."""
+    that has its first and gives what is left of ``chunk`` tokens to the prompts in queue
+    order, admitting new requests while fewer than ``cap`` run and the KV cache has room for
+    its whole prompt (None where nothing could run).
+
+    The KV cache is not reserved for a request's whole length: vLLM admits a prompt when its
+    prompt's blocks are free, and when the running requests' next tokens find no free block
+    it preempts the last one admitted (its blocks freed, its prompt and the tokens it had
+    generated computed again when it is readmitted, first in the queue). So a burst of short
+    prompts with long answers runs more requests at once than fit at their whole length,
+    and pays for it in preemptions. ``footprint`` is a request's share of the pool as
+    a + b x its tokens (``_footprint``).
+
+    Admission on the whole prompt is vLLM's ``scheduler_reserve_full_isl`` (PR #37307, on by
+    default in 0.33). Releases before it admitted on the first chunk alone, which can
+    thrash on prompts near the pool's size, but the measured 32k- and 4k-token prompt runs of
+    vLLM 0.11 (gpustack's performance lab, tests/data/calibration/) ran as if the whole prompt
+    had been checked: admitted on its first chunk, their TPOT came out 5-11x the measured.
+    """
+    a, b = footprint
     requests = len(outputs)
     first = [0.0] * requests
     finish = [0.0] * requests
-    first_step = [0] * requests
-    # Decoding requests: (the step after which they are done, arrival index); their steps
-    # started summed, for the mean context their KV cache reads.
-    decoding: list[tuple[int, int]] = []
-    started_sum = 0
-    admitted = 0  # requests whose prompt has begun
-    done_prompt = 0  # tokens of the oldest unfinished prompt already computed
-    prompting = 0  # index of that prompt
+    generated = [0] * requests  # tokens out so far
+    need = [w.input_len] * requests  # prompt tokens to compute (again, after a preemption)
+    base = [0] * requests  # tokens in its cache when it began decoding
+    started = [0] * requests  # the step it began decoding after
+    epoch = [0] * requests  # bumped on preemption: stale heap and order entries are skipped
+    decoding: list[tuple[int, int, int]] = []  # (step done after, request, epoch)
+    n_dec = base_sum = started_sum = 0
+    running = 0  # requests holding cache: decoding, or with a prompt begun
+    order: list[tuple[int, int]] = []  # (request, epoch) in admission order
+    live = [False] * requests
+    waiting = collections.deque(range(requests))
+    prompting, done_prompt = -1, 0  # the prompt begun, and its tokens computed
+    used = 0.0  # share of the KV cache held
     clock, step = 0.0, 0
     bound_at_full: Bound | None = None
-    while decoding or prompting < requests:
-        n_dec = len(decoding)
-        # One pass of every running request: pp microbatches, each with its own token budget
-        # (vLLM's batch queue with pipeline parallelism).
+    preemptions = 0
+
+    def preempt_last() -> int:
+        """Free the last admitted running request; returns it."""
+        nonlocal n_dec, base_sum, started_sum, running, used, prompting, done_prompt
+        nonlocal preemptions
+        preemptions += 1
+        while True:
+            j, e = order.pop()
+            if live[j] and epoch[j] == e:
+                break
+        live[j] = False
+        epoch[j] += 1
+        running -= 1
+        if j == prompting:
+            used -= a + b * done_prompt
+            prompting, done_prompt = -1, 0
+        else:
+            tokens = base[j] + step - started[j]
+            generated[j] += step - started[j]
+            need[j] = w.input_len + generated[j]
+            n_dec -= 1
+            base_sum -= base[j]
+            started_sum -= started[j]
+            used -= a + b * tokens
+        waiting.appendleft(j)
+        return j
+
+    while n_dec or prompting >= 0 or waiting:
+        # Every decode's next token needs room: preempt from the last admitted until it fits.
+        preempted = False
+        while n_dec and used + b * n_dec > 1.0:
+            preempt_last()
+            preempted = True
         budget = max(chunk * pp - n_dec, 0)
-        # Prompts in arrival order: the one begun, then new ones while the batch has room.
-        prefill, context_sum, finished_prompts = 0, 0.0, []
-        i, computed = prompting, done_prompt
-        sequences = 0
-        while budget > 0 and i < requests:
-            if i >= admitted:
-                if n_dec + (admitted - prompting) >= cap:
+        prefill, context_sum, sequences = 0, 0.0, 0
+        finished_prompts: list[int] = []
+        while budget > 0:
+            if prompting < 0:
+                # vLLM admits no new request in a step that preempted one.
+                if preempted or not waiting or running >= cap:
                     break
-                admitted += 1
-            n = min(budget, w.input_len - computed)
+                j = waiting[0]
+                n = min(budget, need[j])
+                # Its whole prompt must fit beside the running ones' next tokens.
+                if running and used + b * (n_dec + need[j]) + a > 1.0:
+                    break
+                waiting.popleft()
+                prompting, done_prompt = j, 0
+                live[j] = True
+                order.append((j, epoch[j]))
+                running += 1
+                used += a
+            else:
+                j = prompting
+                n = min(budget, need[j] - done_prompt)
+                while used + b * (n_dec + n) > 1.0 and order and running > 1:
+                    if preempt_last() == j:
+                        break
+                    preempted = True
+                if prompting != j:
+                    break
             prefill += n
             sequences += 1
-            context_sum += n * (computed + n / 2)
+            context_sum += n * (done_prompt + n / 2)
             budget -= n
-            computed += n
-            if computed >= w.input_len:
-                finished_prompts.append(i)
-                i, computed = i + 1, 0
-        if not n_dec and not prefill:  # nothing could run (cannot happen with cap >= 1)
+            done_prompt += n
+            used += b * n
+            if done_prompt >= need[j]:
+                finished_prompts.append(j)
+                prompting, done_prompt = -1, 0
+        if not n_dec and not prefill:  # nothing could run
             return None
-        prompting, done_prompt = i, computed
-        context = w.input_len + (step * n_dec - started_sum) / n_dec if n_dec else 0.0
+        context = (base_sum + step * n_dec - started_sum) / n_dec if n_dec else 0.0
         t = step_time(
             s,
             c,
@@ -539,18 +638,48 @@ def _run_burst(
         if bound_at_full is None and n_dec >= cap:
             bound_at_full = t.bound
         clock += t.seconds * pp
+        used += b * n_dec
         step += 1
         while decoding and decoding[0][0] <= step:
-            _, j = heapq.heappop(decoding)
-            started_sum -= first_step[j]
+            _, j, e = heapq.heappop(decoding)
+            if e != epoch[j]:
+                continue
+            n_dec -= 1
+            base_sum -= base[j]
+            started_sum -= started[j]
+            used -= a + b * (base[j] + step - started[j])
+            live[j] = False
+            running -= 1
             finish[j] = clock
         for j in finished_prompts:
-            first[j] = finish[j] = clock
-            if outputs[j] > 1:
-                first_step[j] = step
-                started_sum += step
-                heapq.heappush(decoding, (step + outputs[j] - 1, j))
-    return first, finish, clock, bound_at_full
+            if not generated[j]:
+                first[j] = clock
+            generated[j] += 1
+            finish[j] = clock
+            left = outputs[j] - generated[j]
+            if left <= 0:
+                live[j] = False
+                running -= 1
+                used -= a + b * need[j]
+                continue
+            base[j], started[j] = need[j], step
+            n_dec += 1
+            base_sum += need[j]
+            started_sum += step
+            heapq.heappush(decoding, (step + left, j, epoch[j]))
+    return _Run(first, finish, clock, bound_at_full, preemptions)
+
+
+def _footprint(breakdown: MemoryBreakdown, w: Workload) -> tuple[float, float]:
+    """A request's share of the KV cache as a + b x its tokens: the line through its share
+    at its prompt's length and at a length far enough past it (FOOTPRINT_SPAN tokens at
+    least) that whole blocks average out; sliding windows and per-sequence state count as
+    ``requests_at`` counts them."""
+    short = max(w.input_len, 1)
+    long = max(w.total_len, short + FOOTPRINT_SPAN)
+    at_short = 1.0 / breakdown.requests_at(short)
+    b = max((1.0 / breakdown.requests_at(long) - at_short) / (long - short), 0.0)
+    return max(at_short - b * short, 0.0), b
 
 
 def _output_lengths(requests: int, mean: int, spread: bool) -> list[int]:
