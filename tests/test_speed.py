@@ -706,3 +706,17 @@ def test_a_prompt_is_admitted_only_when_the_whole_of_it_fits() -> None:
     # One at a time: each first token comes after the one before has finished.
     for before, after in zip(run.finish, run.first[1:], strict=False):
         assert after > before
+
+
+def test_a_request_alone_in_the_kv_cache_is_never_preempted() -> None:
+    """An answer longer than the mean (``spread``) can outgrow the line's estimate of the
+    pool; alone in it, the request runs on (vLLM starts only where a max_model_len request
+    fits) instead of preempting itself and leaving nothing to run."""
+    from oominfer.speed.performance import _run_burst
+
+    s, c = _burst_parts(4096)
+    w = Workload(input_len=100, output_len=400, concurrency=3)
+    run = _run_burst(s, c, w, [1200, 200, 200], cap=3, chunk=2048, pp=1,
+                     footprint=(0.0, 1 / 500))  # fmt: skip
+    assert run is not None
+    assert all(f > 0 for f in run.finish)

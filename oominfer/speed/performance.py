@@ -582,8 +582,10 @@ def _run_burst(
 
     while n_dec or prompting >= 0 or waiting:
         # Every decode's next token needs room: preempt from the last admitted until it fits.
+        # The one left alone runs on: vLLM starts only where a max_model_len request fits (a
+        # longer-than-mean answer of ``spread`` may pass the line's estimate of its share).
         preempted = False
-        while n_dec and used + b * n_dec > 1.0:
+        while n_dec and used + b * n_dec > 1.0 and running > 1:
             preempt_last()
             preempted = True
         budget = max(chunk * pp - n_dec, 0)
