@@ -1,8 +1,8 @@
 """Replay the published serving measurements of throughput_points.jsonl through the speed
 model: per point predicted vs measured output tokens/s, TPOT and TTFT, then the median and
-worst error of each.
+worst error of each, beside the same figures of the previous model (PREVIOUS).
 
-    python bench/speed.py [--points PATH] [--json]
+    python bench/speed.py [--points PATH] [--json | --predictions]
 
 Each point's own facts go in (model, GPU, count, TP, weight format, lengths, concurrency or
 request rate); the speed model's one set of constants (oominfer/speed/roofline.py) does the
@@ -343,6 +343,28 @@ def replay(point: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+PREVIOUS: Final = ROOT / "bench" / "speed_97d33aa.json"
+"""Each point's prediction by the speed model of commit 97d33aa (the stop before the KV cache
+of a burst filled and preempted), made once with --predictions from a ``git archive 97d33aa
+oominfer`` copy on PYTHONPATH: the summaries print it beside today's."""
+
+
+def previous_errors(rows: list[dict[str, Any]], path: Path = PREVIOUS) -> list[dict[str, Any]]:
+    """``rows`` with each point's errors as the previous model predicted it (the measured
+    figures are the same); points it did not predict are left out."""
+    if not path.exists():
+        return []
+    before = json.loads(path.read_text())
+    out = []
+    for r in rows:
+        p = before.get(r["id"])
+        if p is None or "errors" not in r:
+            continue
+        errors = {k: p[k] / v - 1 for k, v in r["measured"].items() if v and p.get(k)}
+        out.append({**r, "predicted": p, "errors": errors})
+    return out
+
+
 def summary(rows: list[dict[str, Any]], *, secondary: bool = False) -> dict[str, Any]:
     """Median and worst |error| of each figure over the vLLM points (or all points)."""
     out: dict[str, Any] = {}
@@ -382,8 +404,17 @@ def main() -> int:
         "tests/data/calibration/extra_throughput_points.jsonl)",
     )  # fmt: skip
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--predictions",
+        action="store_true",
+        help="print only each point's predicted figures, as PREVIOUS holds them",
+    )
     args = parser.parse_args()
     paths = args.points or [DEFAULT_POINTS, EXTRA_POINTS]
+    if args.predictions:
+        rows = [replay(p) for path in paths for p in load_points(path)]
+        print(json.dumps({r["id"]: r["predicted"] for r in rows if "predicted" in r}, indent=1))
+        return 0
     if args.json:
         rows = [replay(p) for path in paths for p in load_points(path)]
         print(json.dumps({"rows": rows, "summary": summary(rows)}, indent=2))
@@ -412,14 +443,18 @@ def report(rows: list[dict[str, Any]]) -> None:
         mark = " (secondary: not vLLM, or flagged an anomaly)" if r["secondary"] else ""
         print(f"{r['id']:4} {cells[0]:>20} {cells[1]:>20} {cells[2]:>22}  {r['bound']:7} "
               f"{r['concurrency']:5}  {r['model']}, {r['gpu']}, {r['lengths']}{mark}")  # fmt: skip
-    for label, s in (
-        ("vLLM points (not flagged)", summary(rows)),
-        ("all points", summary(rows, secondary=True)),
-    ):
+    before = previous_errors(rows)
+    for label, secondary in (("vLLM points (not flagged)", False), ("all points", True)):
         print(f"\n{label}:")
-        for key, v in s.items():
-            print(f"  {key:20} {v['points']:3} points  median |error| "
-                  f"{v['median_abs_error']:.1%}  worst {v['worst_factor']:.2f}x")  # fmt: skip
+        was = summary(before, secondary=secondary)
+        for key, v in summary(rows, secondary=secondary).items():
+            line = (f"  {key:20} {v['points']:3} points  median |error| "
+                    f"{v['median_abs_error']:5.1%}  worst {v['worst_factor']:5.2f}x")  # fmt: skip
+            if key in was:
+                w, name = was[key], PREVIOUS.stem.removeprefix("speed_")
+                line += (f"   {name}: {w['points']:3} points {w['median_abs_error']:5.1%}  "
+                         f"worst {w['worst_factor']:5.2f}x")  # fmt: skip
+            print(line)
 
 
 if __name__ == "__main__":

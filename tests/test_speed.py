@@ -9,6 +9,7 @@ stands fails that point's test, and the medians may not get worse than the targe
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -720,3 +721,25 @@ def test_a_request_alone_in_the_kv_cache_is_never_preempted() -> None:
                      footprint=(0.0, 1 / 500))  # fmt: skip
     assert run is not None
     assert all(f > 0 for f in run.finish)
+
+
+def test_the_speed_bench_sets_the_previous_model_beside_today(tmp_path: Path) -> None:
+    """bench/speed.py's summaries put the stored predictions of an earlier model beside
+    today's: each point's errors recomputed against the same measured figures, and points
+    the earlier model did not predict left out."""
+    bench = load_script("bench/speed.py")
+    stored = tmp_path / "speed_prev.json"
+    stored.write_text('{"a": {"output_tokens_per_s": 150.0, "tpot_s": 0.01, "ttft_s": null}}')
+    rows = [
+        {"id": "a", "secondary": False, "errors": {"output_tokens_per_s": 0.0},
+         "measured": {"output_tokens_per_s": 100.0, "tpot_s": 0.02, "ttft_s": 0.1}},
+        {"id": "b", "secondary": False, "errors": {"output_tokens_per_s": 0.0},
+         "measured": {"output_tokens_per_s": 100.0, "tpot_s": None, "ttft_s": None}},
+    ]  # fmt: skip
+    before = bench.previous_errors(rows, stored)
+    assert [r["id"] for r in before] == ["a"]
+    assert before[0]["errors"] == pytest.approx({"output_tokens_per_s": 0.5, "tpot_s": -0.5})
+    assert bench.summary(before)["tpot_s"]["worst_factor"] == pytest.approx(2.0)
+    # The stored file is today's point ids: every replayed vLLM point has a stored prediction.
+    ids = set(json.loads(bench.PREVIOUS.read_text()))
+    assert {"t01", "w1-08", "s3-13"} <= ids
