@@ -115,6 +115,64 @@ def test_kv_per_token_deepseek_v3_mla_not_split(tp: int) -> None:
     assert b.kv_bytes_per_token == 70272
 
 
+def _deepseek_v32() -> ModelSpec:
+    """DeepSeek-V3's config with DeepSeek-V3.2's sparse-attention indexer (its config.json
+    adds index_head_dim 128, index_n_heads 64, index_topk 2048 to V3's)."""
+    entry = catalog_entry("deepseek-ai/DeepSeek-V3")
+    assert entry is not None
+    config = {**entry.config, "architectures": ["DeepseekV32ForCausalLM"],
+              "model_type": "deepseek_v32", "index_head_dim": 128, "index_n_heads": 64,
+              "index_topk": 2048}  # fmt: skip
+    return spec_from_config(config, model_id="deepseek-v3.2")
+
+
+@pytest.mark.parametrize(("kv_dtype", "per_layer"), [("auto", 1152 + 132), ("fp8", 656 + 132)])
+def test_kv_per_token_deepseek_v32_adds_the_indexer_key(kv_dtype: str, per_layer: int) -> None:
+    """DeepSeek sparse attention caches the indexer's FP8 key and its fp32 scale (128 + 4
+    bytes) beside the latent; an FP8 latent is vLLM's fp8_ds_mla (512 FP8 + 4 fp32 scales +
+    64 bf16 rotary = 656 bytes), not 576."""
+    v32 = _deepseek_v32()
+    assert v32.indexer_head_dim == 128
+    b = run(v32, H200, gpus=8, max_model_len=8192, tensor_parallel_size=8,
+            kv_cache_dtype=kv_dtype)  # fmt: skip
+    assert b.kv_bytes_per_token == 61 * per_layer
+
+
+def test_mla_latent_projections_and_routers_are_whole_on_every_rank() -> None:
+    """vLLM keeps DeepSeek's q_a/kv_a projections (ReplicatedLinear, or fused with
+    disable_tp) and every MoE router whole on each tensor-parallel rank: at TP 8 a GPU holds
+    7/8 of them more than an eighth of the model. In FP8: 7,168 x (1,536 + 512 + 64) a layer
+    (61 layers), and 7,168 x 256 in 16 bits for each of the 58 routers."""
+    from oominfer.memory.weights import stage_replicated_bytes, stage_weights
+
+    r1 = spec("deepseek-ai/DeepSeek-V3")
+    (whole,) = stage_weights(r1, dtype="bfloat16", quantization=None, pp=1)
+    (replicated,) = stage_replicated_bytes(r1, dtype="bfloat16", quantization=None, pp=1)
+    counted = 61 * 7168 * (1536 + 512 + 64) * 1 + 58 * 7168 * 256 * 2
+    assert replicated == pytest.approx(counted, rel=0.02)  # scaled to the checkpoint's size
+    one = run(r1, H200, gpus=8, max_model_len=8192, tensor_parallel_size=8)
+    two = run(r1, H200, gpus=16, max_model_len=8192, tensor_parallel_size=16)
+    assert one.weights_bytes - two.weights_bytes == pytest.approx(whole / 16, rel=0.01)
+    assert one.weights_bytes == pytest.approx(whole / 8 + replicated * 7 / 8, abs=64 * MiB)
+    # A dense model without replicated parts splits evenly.
+    (llama,) = stage_replicated_bytes(LLAMA_8B, dtype="bfloat16", quantization=None, pp=1)
+    assert llama == 0
+
+
+def test_the_sparse_attention_indexer_is_counted_and_replicated() -> None:
+    """DeepSeek-V3.2's indexer adds wq_b (1,536 x 64 x 128, quantized with its layer), the
+    fused key and head-weight projection (7,168 x (128 + 64), 16-bit) and the key's norm to
+    each of 61 layers, all replicated across ranks: 0.85B parameters over V3's."""
+    from oominfer.memory.weights import stage_replicated_bytes
+
+    v3, v32 = spec("deepseek-ai/DeepSeek-V3"), _deepseek_v32()
+    added = 61 * (1536 * 64 * 128 + 7168 * (128 + 64) + 2 * 128)
+    assert v32.params.total - v3.params.total == added
+    kw: dict[str, Any] = {"dtype": "bfloat16", "quantization": None, "pp": 1}
+    (rep3,), (rep32,) = (stage_replicated_bytes(m, **kw) for m in (v3, v32))
+    assert rep32 > rep3
+
+
 def test_kv_per_token_gpt_oss_sliding_full_mix() -> None:
     # gpt-oss-20b: 24 layers, 8 KV heads x 64 head_dim; config.json has no torch_dtype, so
     # auto serves it in bf16. All 24 layers cache a token while it is in their window:

@@ -67,6 +67,7 @@ from oominfer.memory.weights import (
     resolve_dtype,
     rope_cache_bytes,
     stage_expert_bytes,
+    stage_replicated_bytes,
     stage_weights,
     weight_rounding_bytes,
 )
@@ -149,6 +150,7 @@ def estimate(
     stages = stage_weights(
         spec, dtype=dtype, quantization=s.quantization, pp=pp, tower=tower_built(spec, s)
     )
+    replicated = stage_replicated_bytes(spec, dtype=dtype, quantization=s.quantization, pp=pp)
     ranges = pp_layer_ranges(spec.num_layers, pp)
     per_layer = kv_bytes_per_token_layer(spec, kv_bytes=kv_elem, tp=tp, version=version)
     per_full_layer = kv_bytes_per_token_layer(
@@ -291,6 +293,7 @@ def estimate(
         if s.data_parallel_size > 1 or s.enable_expert_parallel:
             stage_bytes = (stage_bytes - expert_stages[index]) + experts * tp
         weights = max(0, stage_bytes // tp - offload) + rope
+        weights += replicated[index] * (tp - 1) // tp  # whole on every rank, not split
         weights += on_gpu_rounding(rounding[index], stage_bytes // tp, offload)
         added = dataclasses.replace(extra, expert_weights_bytes=experts, experts_per_gpu=per_gpu)
         in_budget_extra = added.non_kv_bytes - (

@@ -20,7 +20,10 @@ def kv_bytes_per_token_layer(
     tensor-parallel ranks (replicated when there are fewer KV heads than ranks). vLLM stores
     V even where a layer shares it with K (Gemma 4's ``attention_k_eq_v``).
     MLA caches the compressed latent once: (kv_lora_rank + qk_rope_head_dim) x bytes, on
-    every rank (vllm MLAAttentionSpec: num_kv_heads=1).
+    every rank (vllm MLAAttentionSpec: num_kv_heads=1). DeepSeek sparse attention
+    (DeepSeek-V3.2, GLM-5) adds its indexer's key, FP8 with an fp32 scale per 128
+    (``DeepseekV32IndexerCache``: 132 bytes), and stores an FP8 latent as ``fp8_ds_mla``: the
+    latent in FP8 with an fp32 scale per 128, the rotary part in 16 bits (656 bytes).
     """
     if spec.is_mla:
         assert spec.kv_lora_rank is not None and spec.qk_rope_head_dim is not None
@@ -28,7 +31,13 @@ def kv_bytes_per_token_layer(
             # vLLM < 0.7 expanded K and V per head, V padded to the QK head size.
             qk = (spec.qk_nope_head_dim or spec.head_dim) + spec.qk_rope_head_dim
             return 2 * max(1, spec.num_attention_heads // tp) * qk * kv_bytes
-        return (spec.kv_lora_rank + spec.qk_rope_head_dim) * kv_bytes
+        latent = (spec.kv_lora_rank + spec.qk_rope_head_dim) * kv_bytes
+        index = spec.indexer_head_dim
+        if not index:
+            return latent
+        if kv_bytes == 1:
+            latent = spec.kv_lora_rank + spec.kv_lora_rank // 128 * 4 + spec.qk_rope_head_dim * 2
+        return latent + index + index // 128 * 4
     kv_heads, head_dim = spec.kv_width("full" if full else "sliding")
     heads = max(1, kv_heads // tp)
     return 2 * heads * head_dim * kv_bytes

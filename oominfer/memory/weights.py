@@ -129,9 +129,7 @@ def stage_weights(
     layers = [layer(i) for i in range(spec.num_layers)]
     embedding, lm_head, final = p.embedding * elem, p.lm_head * elem, p.final * elem
     vision = p.vision * elem  # on the first stage, with the embedding
-    scale = weights_bytes(spec, dtype=dtype, quantization=quantization) / (
-        embedding + lm_head + final + vision + sum(layers)
-    )
+    scale = _scale(spec, dtype=dtype, quantization=quantization)
     if not tower:
         vision = 0
     pad = -spec.vocab_size % VOCAB_PADDING * spec.hidden_size * elem
@@ -149,6 +147,44 @@ def stage_weights(
                 size += lm_head * scale + pad
         out.append(int(size))
     return out
+
+
+def _scale(spec: ModelSpec, *, dtype: str, quantization: str | None) -> float:
+    """What scales the parts counted by role to ``weights_bytes`` (exact when the
+    checkpoint's sizes are): its bytes over theirs."""
+    fmt = weight_format(spec, quantization)
+    elem = dtype_bytes(dtype)
+    p = spec.params
+    quant = fmt.bytes_per_param if fmt is not None else elem
+    linear = elem if fmt is None or fmt.experts_only else quant
+    counted = (
+        sum(p.layer_linear) * linear
+        + sum(p.layer_experts) * quant
+        + (sum(p.layer_other) + p.embedding + p.lm_head + p.final + p.vision) * elem
+    )
+    return weights_bytes(spec, dtype=dtype, quantization=quantization) / counted
+
+
+def stage_replicated_bytes(
+    spec: ModelSpec, *, dtype: str, quantization: str | None, pp: int
+) -> list[int]:
+    """Weights of each pipeline stage that vLLM keeps whole on every tensor-parallel rank
+    instead of splitting (``ParamCounts.layer_replicated_linear``/``_other``: MLA's latent
+    down-projections, MoE routers, the sparse-attention indexer), in the engine's format:
+    each rank holds them whole beside its share of the rest. DeepSeek-R1 at TP 8: 0.9 GiB
+    a GPU where a split would put 0.1."""
+    p = spec.params
+    if not (p.layer_replicated_linear or p.layer_replicated_other):
+        return [0] * pp
+    fmt = weight_format(spec, quantization)
+    elem = dtype_bytes(dtype)
+    linear = elem if fmt is None or fmt.experts_only else fmt.bytes_per_param
+    scale = _scale(spec, dtype=dtype, quantization=quantization)
+
+    def layer(i: int) -> float:
+        return p.layer_replicated_linear[i] * linear + p.layer_replicated_other[i] * elem
+
+    return [int(sum(map(layer, stage)) * scale) for stage in pp_layer_ranges(spec.num_layers, pp)]
 
 
 def stage_expert_bytes(

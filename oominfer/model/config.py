@@ -174,6 +174,7 @@ def _parse(raw: Mapping[str, Any], *, model_id: str, checkpoint: Checkpoint, src
         kv_lora_rank=kv_lora,
         qk_rope_head_dim=rope_dim,
         qk_nope_head_dim=r.opt_integer("qk_nope_head_dim") if kv_lora is not None else None,
+        indexer_head_dim=r.integer("index_head_dim", default=0) if kv_lora is not None else 0,
         num_experts=n_experts,
         num_experts_per_tok=r.integer("num_experts_per_tok", "experts_per_token", default=0),
         moe_intermediate_size=moe_inter,

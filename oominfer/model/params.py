@@ -77,6 +77,21 @@ def param_counts(
             + heads * v_dim * hidden
         )
         attn_other = kv_rank + (q_rank or 0)
+        # vLLM keeps the latent down-projections whole on every rank (q_a_proj and
+        # kv_a_proj_with_mqa: ReplicatedLinear, or fused with disable_tp).
+        replicated_attn = hidden * ((q_rank or 0) + kv_rank + rope)
+        index_heads = r.integer("index_n_heads", default=0)
+        index_dim = r.integer("index_head_dim", default=0)
+        if index_heads and index_dim:
+            # DeepSeek sparse attention's indexer, replicated: wq_b from the query latent
+            # (quantized with the layer), the key and head-weight projections fused in 16
+            # bits (wk_weights_proj), and the key's LayerNorm.
+            attn += (q_rank or hidden) * index_heads * index_dim
+            replicated_attn += (q_rank or hidden) * index_heads * index_dim
+            replicated_index = hidden * (index_dim + index_heads) + 2 * index_dim
+            attn_other += replicated_index
+        else:
+            replicated_index = 0
         full_attn = attn
     else:
         attn = hidden * (heads + 2 * kv_heads) * head_dim + heads * head_dim * hidden
@@ -84,6 +99,7 @@ def param_counts(
             hidden * (heads + 2 * full_kv_heads) * full_head_dim + heads * full_head_dim * hidden
         )
         attn_other = (heads + 2 * kv_heads) * head_dim if biased else 0
+        replicated_attn = replicated_index = 0
         if r.flag("qk_norm", False) or model_type.startswith(("qwen3", "gemma3", "olmo2")):
             attn_other += 2 * head_dim
     norms_per_layer = 4 if model_type in ("gemma2", "gemma3", "gemma3_text") else 2
@@ -104,11 +120,15 @@ def param_counts(
     linear: list[int] = []
     experts: list[int] = []
     other: list[int] = []
+    replicated_linear: list[int] = []
+    replicated_other: list[int] = []
     for i, kind in enumerate(kinds):
         lin, exp, oth = 0, 0, norms_per_layer * hidden
+        rep_lin = rep_oth = 0
         if kind in ATTENTION_KINDS:
             lin += full_attn if kind == "full" else attn
             oth += attn_other
+            rep_lin, rep_oth = replicated_attn, replicated_index
         elif kind in STATE_KINDS:
             lin += state_params[0]
             oth += state_params[1]
@@ -118,6 +138,7 @@ def param_counts(
             exp += n_experts * (mlp_mats * hidden * moe_inter + expert_bias)
             lin += mlp_mats * hidden * shared_inter
             oth += hidden * n_experts + (n_experts if model_type == "gpt_oss" else 0)
+            rep_oth += hidden * n_experts  # the router: replicated in every vLLM MoE layer
         elif has_mlp:
             lin += dense_mlp
             oth += mlp_bias
@@ -126,6 +147,8 @@ def param_counts(
         linear.append(lin)
         experts.append(exp)
         other.append(oth)
+        replicated_linear.append(rep_lin)
+        replicated_other.append(rep_oth)
     offset = LEARNED_POSITIONS.get(model_type)
     positions = 0
     if offset is not None:
@@ -138,6 +161,8 @@ def param_counts(
         layer_other=tuple(other),
         final=hidden + positions,
         vision=vision_params(r, text_hidden=hidden),
+        layer_replicated_linear=tuple(replicated_linear),
+        layer_replicated_other=tuple(replicated_other),
     )
 
 

@@ -114,6 +114,12 @@ class ParamCounts:
     vision: int = 0
     """The vision tower and its projector (multimodal checkpoints): kept in 16-bit, as
     quantized checkpoints leave them (``modules_to_not_convert``/``ignore``)."""
+    layer_replicated_linear: tuple[int, ...] = ()
+    """Per layer: the part of ``layer_linear`` vLLM keeps whole on every tensor-parallel rank
+    (MLA's latent down-projections, ``ReplicatedLinear``/``disable_tp``); () for none."""
+    layer_replicated_other: tuple[int, ...] = ()
+    """Per layer: the part of ``layer_other`` kept whole on every rank (MoE routers, the
+    sparse-attention indexer's key projection)."""
 
     @property
     def total(self) -> int:
@@ -187,6 +193,9 @@ class ModelSpec:
     kv_lora_rank: int | None = None
     qk_rope_head_dim: int | None = None
     qk_nope_head_dim: int | None = None
+    indexer_head_dim: int = 0
+    """DeepSeek sparse attention (DeepSeek-V3.2, GLM-5: ``index_head_dim``): its indexer
+    caches one FP8 key of this size and its scales per token and layer; 0 for none."""
     # MoE
     num_experts: int = 0
     num_experts_per_tok: int = 0
