@@ -138,6 +138,21 @@ def test_kv_per_token_deepseek_v32_adds_the_indexer_key(kv_dtype: str, per_layer
     assert b.kv_bytes_per_token == 61 * per_layer
 
 
+def test_kv_per_token_glm5_matches_its_published_log() -> None:
+    """GLM-5.1-FP8 at TP 8 on H200s (a public vLLM 0.19.1 log): 32.06 GiB held 343,744
+    tokens, 100,143 bytes a token within the GiB figure's rounding. GLM-5 is DeepSeek-V3's
+    MLA (kv_lora_rank 512, rope 64) with DeepSeek sparse attention over 78 layers:
+    78 x (1,152 + 132) = 100,152 (89,856 without the indexer's key, 10% off)."""
+    entry = catalog_entry("deepseek-ai/DeepSeek-V3")
+    assert entry is not None
+    config = {**entry.config, "num_hidden_layers": 78, "index_head_dim": 128,
+              "index_n_heads": 32, "index_topk": 2048}  # fmt: skip
+    glm5 = spec_from_config(config, model_id="glm-5-shape")
+    b = run(glm5, H200, gpus=8, max_model_len=8192, tensor_parallel_size=8)
+    assert b.kv_bytes_per_token == 78 * (1152 + 132)
+    assert 343_744 * b.kv_bytes_per_token / GiB == pytest.approx(32.06, abs=0.005)
+
+
 def test_mla_latent_projections_and_routers_are_whole_on_every_rank() -> None:
     """vLLM keeps DeepSeek's q_a/kv_a projections (ReplicatedLinear, or fused with
     disable_tp) and every MoE router whole on each tensor-parallel rank: at TP 8 a GPU holds
