@@ -679,8 +679,11 @@ def _footprint(breakdown: MemoryBreakdown, w: Workload) -> tuple[float, float]:
     ``requests_at`` counts them."""
     short = max(w.input_len, 1)
     long = max(w.total_len, short + FOOTPRINT_SPAN)
-    at_short = 1.0 / breakdown.requests_at(short)
-    b = max((1.0 / breakdown.requests_at(long) - at_short) / (long - short), 0.0)
+    held_short, held_long = breakdown.requests_at(short), breakdown.requests_at(long)
+    if held_short <= 0 or held_long <= 0:  # no pool to fill (a plan that does not fit)
+        return 0.0, 0.0
+    at_short = 1.0 / held_short
+    b = max((1.0 / held_long - at_short) / (long - short), 0.0)
     return max(at_short - b * short, 0.0), b
 
 
