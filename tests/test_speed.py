@@ -743,3 +743,35 @@ def test_the_speed_bench_sets_the_previous_model_beside_today(tmp_path: Path) ->
     # The stored file is today's point ids: every replayed vLLM point has a stored prediction.
     ids = set(json.loads(bench.PREVIOUS.read_text()))
     assert {"t01", "w1-08", "s3-13"} <= ids
+
+
+def test_sparse_attention_reads_the_top_k_latents_and_every_indexer_key() -> None:
+    """DeepSeek sparse attention (DeepSeek-V3.2: index_topk 2048) attends to 2,048 cached
+    tokens at most: past that a decode step reads the latents of those only, but the
+    indexer's 132-byte key of every cached token. Up to 2,048 tokens it is dense attention."""
+    import dataclasses
+
+    from oominfer.model.catalog import catalog_entry
+    from oominfer.model.config import spec_from_config
+    from oominfer.speed.performance import chip, stage
+    from oominfer.speed.roofline import step_time
+
+    entry = catalog_entry("deepseek-ai/DeepSeek-V3")
+    assert entry is not None
+    config = {**entry.config, "index_head_dim": 128, "index_n_heads": 64, "index_topk": 2048}
+    v32 = spec_from_config(config, model_id="deepseek-v3.2")
+    hw = Hardware.from_gpu("H200")
+    s = EngineSettings(max_model_len=65536, tensor_parallel_size=8)
+    b = estimate(v32, hardware=Hardware(gpu=hw.gpu, count=8), settings=s, version=CURRENT_VLLM)
+    sparse, c = stage(v32, s, b), chip(hw.gpu, s, v32)
+    assert sparse.sparse_topk == 2048
+    assert sparse.sparse_kv_bytes_per_token == 61 * 1152  # the latent; 61 x 132 is the keys'
+    dense = dataclasses.replace(sparse, sparse_topk=0)
+
+    def step(st: Any, context: int) -> float:
+        return step_time(st, c, decodes=64, context=context).seconds
+
+    assert step(sparse, 2048) == pytest.approx(step(dense, 2048), rel=0.01)
+    assert step(sparse, 32768) < 0.6 * step(dense, 32768)
+    # Still the indexer's keys grow with the context.
+    assert step(sparse, 32768) > step(sparse, 4096)

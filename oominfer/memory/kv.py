@@ -32,15 +32,20 @@ def kv_bytes_per_token_layer(
             qk = (spec.qk_nope_head_dim or spec.head_dim) + spec.qk_rope_head_dim
             return 2 * max(1, spec.num_attention_heads // tp) * qk * kv_bytes
         latent = (spec.kv_lora_rank + spec.qk_rope_head_dim) * kv_bytes
-        index = spec.indexer_head_dim
-        if not index:
+        if not spec.indexer_head_dim:
             return latent
         if kv_bytes == 1:
             latent = spec.kv_lora_rank + spec.kv_lora_rank // 128 * 4 + spec.qk_rope_head_dim * 2
-        return latent + index + index // 128 * 4
+        return latent + indexer_key_bytes(spec)
     kv_heads, head_dim = spec.kv_width("full" if full else "sliding")
     heads = max(1, kv_heads // tp)
     return 2 * heads * head_dim * kv_bytes
+
+
+def indexer_key_bytes(spec: ModelSpec) -> int:
+    """Bytes DeepSeek sparse attention's indexer caches per token and layer: its key in FP8
+    and an fp32 scale per 128 (``DeepseekV32IndexerCache``); 0 without an indexer."""
+    return spec.indexer_head_dim + spec.indexer_head_dim // 128 * 4
 
 
 @dataclass(frozen=True, slots=True)

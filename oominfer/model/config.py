@@ -175,6 +175,8 @@ def _parse(raw: Mapping[str, Any], *, model_id: str, checkpoint: Checkpoint, src
         qk_rope_head_dim=rope_dim,
         qk_nope_head_dim=r.opt_integer("qk_nope_head_dim") if kv_lora is not None else None,
         indexer_head_dim=r.integer("index_head_dim", default=0) if kv_lora is not None else 0,
+        indexer_heads=r.integer("index_n_heads", default=0) if kv_lora is not None else 0,
+        indexer_topk=r.integer("index_topk", default=0) if kv_lora is not None else 0,
         num_experts=n_experts,
         num_experts_per_tok=r.integer("num_experts_per_tok", "experts_per_token", default=0),
         moe_intermediate_size=moe_inter,

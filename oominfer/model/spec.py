@@ -196,6 +196,10 @@ class ModelSpec:
     indexer_head_dim: int = 0
     """DeepSeek sparse attention (DeepSeek-V3.2, GLM-5: ``index_head_dim``): its indexer
     caches one FP8 key of this size and its scales per token and layer; 0 for none."""
+    indexer_heads: int = 0
+    """The indexer's heads (``index_n_heads``): it scores every cached token with each."""
+    indexer_topk: int = 0
+    """Tokens each query attends to (``index_topk``): the latent is read for these only."""
     # MoE
     num_experts: int = 0
     num_experts_per_tok: int = 0

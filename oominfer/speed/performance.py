@@ -18,6 +18,7 @@ from typing import Final, Literal, NamedTuple
 from oominfer.hardware.gpu import GpuSpec
 from oominfer.memory.breakdown import MemoryBreakdown
 from oominfer.memory.dtypes import dtype_bytes
+from oominfer.memory.kv import indexer_key_bytes
 from oominfer.memory.weights import weight_format
 from oominfer.model.spec import ModelSpec
 from oominfer.settings import EngineSettings
@@ -136,6 +137,12 @@ def stage(spec: ModelSpec, settings: EngineSettings, b: MemoryBreakdown) -> Stag
     share = spec.num_experts_per_tok / spec.num_experts if spec.num_experts else 0.0
     active = p.total - experts * (1 - share) - (0 if spec.tie_word_embeddings else p.embedding)
     moe_layers = sum(1 for n in p.layer_experts if n)
+    # DeepSeek sparse attention: the indexer's key of every layer is read and scored for
+    # every cached token, the latent for the top-k only.
+    attention_layers = math.ceil(spec.attention_layers / pp)
+    topk = spec.indexer_topk if spec.indexer_head_dim else 0
+    latent = b.kv_bytes_per_token - attention_layers * indexer_key_bytes(spec) if topk else 0
+    scoring = 2 * spec.indexer_heads * spec.indexer_head_dim * attention_layers if topk else 0
     return Stage(
         dense_bytes=dense_bytes,
         expert_bytes=expert_bytes,
@@ -161,6 +168,9 @@ def stage(spec: ModelSpec, settings: EngineSettings, b: MemoryBreakdown) -> Stag
         mla_layers=math.ceil(spec.attention_layers / pp) if spec.is_mla else 0,
         tp=tp,
         all_reduce_bytes_per_token=spec.hidden_size * 2,
+        sparse_topk=topk,
+        sparse_kv_bytes_per_token=max(latent, 0),
+        index_flops_per_context_token=scoring,
     )
 
 

@@ -189,6 +189,15 @@ class Stage:
     tp: int
     all_reduce_bytes_per_token: float
     """Bytes one token's activations take in one all-reduce (hidden x dtype)."""
+    sparse_topk: int = 0
+    """DeepSeek sparse attention: a query attends to this many cached tokens at most
+    (``index_topk``); 0 for dense attention."""
+    sparse_kv_bytes_per_token: float = 0.0
+    """The part of ``kv_bytes_per_token`` read only for those tokens (the latent); the rest
+    (the indexer's keys) is read for every cached token."""
+    index_flops_per_context_token: float = 0.0
+    """The indexer's scoring FLOPs per new token per cached token (every rank computes all
+    of it: the indexer is replicated)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -264,13 +273,19 @@ def step_time(
     """
     tokens = decodes + prefill_tokens
     touched = touched_expert_share(stage.experts_per_token_share, tokens)
-    read = stage.dense_bytes + decodes * (
-        context * stage.kv_bytes_per_token + stage.state_bytes_per_seq
-    )
+    kv_read = context * stage.kv_bytes_per_token
+    attended, prefill_attended = context, prefill_context
+    if stage.sparse_topk:
+        # Sparse attention reads and attends to the top-k tokens' latents; the indexer
+        # reads every token's key and scores it.
+        attended = min(context, stage.sparse_topk)
+        prefill_attended = min(prefill_context, stage.sparse_topk)
+        kv_read -= (context - attended) * stage.sparse_kv_bytes_per_token
+    read = stage.dense_bytes + decodes * (kv_read + stage.state_bytes_per_seq)
     memory = read / chip.bandwidth + stage.expert_bytes * touched / chip.expert_bandwidth
     attention = stage.attention_flops_per_context_token * (
-        decodes * context + prefill_tokens * prefill_context
-    )
+        decodes * attended + prefill_tokens * prefill_attended
+    ) + stage.index_flops_per_context_token * (decodes * context + prefill_tokens * prefill_context)
     # GEMMs over few tokens do not fill the tensor cores: the share of the peak reached
     # grows with the tokens of the step, half of it at GEMM_HALF_TOKENS.
     # Below one tensor-core tile of rows a GEMM costs what a tile does: a single stream's
