@@ -18,7 +18,7 @@ from typing import Any, Final
 from oominfer.base.errors import InvalidSettingError, ModelNotFoundError
 from oominfer.memory.dtypes import dtype_bytes
 from oominfer.memory.kv import kv_bytes_per_token_layer
-from oominfer.memory.weights import weight_format, weights_bytes
+from oominfer.memory.weights import role_bytes, weights_bytes
 from oominfer.model.load import load_spec
 from oominfer.model.spec import ATTENTION_KINDS, ModelSpec
 from oominfer.rules.speculative import NO_MODEL_METHODS, speculative_method
@@ -168,10 +168,7 @@ def _known_spec(name: str) -> ModelSpec | None:
 
 def _layer_bytes(spec: ModelSpec, dtype: str, quantization: str | None) -> int:
     """One decoder layer of ``spec`` (its last) in the engine's weight format."""
-    elem = dtype_bytes(dtype)
-    fmt = weight_format(spec, quantization)
-    quant = fmt.bytes_per_param if fmt is not None else elem
-    linear = elem if fmt is None or fmt.experts_only else quant
+    linear, quant, elem = role_bytes(spec, dtype=dtype, quantization=quantization)
     p = spec.params
     return int(p.layer_linear[-1] * linear + p.layer_experts[-1] * quant + p.layer_other[-1] * elem)
 

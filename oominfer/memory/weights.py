@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Final, NamedTuple
 
 from oominfer.base.errors import InvalidSettingError
 from oominfer.base.units import MiB
@@ -117,11 +117,8 @@ def stage_weights(
     ``tie_word_embeddings``). The parts are counted by role from the architecture and scaled
     so that the stages add up to ``weights_bytes`` (exact when the checkpoint's sizes are).
     """
-    fmt = weight_format(spec, quantization)
-    elem = dtype_bytes(dtype)
+    linear, quant, elem = role_bytes(spec, dtype=dtype, quantization=quantization)
     p = spec.params
-    quant = fmt.bytes_per_param if fmt is not None else elem
-    linear = elem if fmt is None or fmt.experts_only else quant
 
     def layer(i: int) -> float:
         return p.layer_linear[i] * linear + p.layer_experts[i] * quant + p.layer_other[i] * elem
@@ -149,14 +146,31 @@ def stage_weights(
     return out
 
 
+class RoleBytes(NamedTuple):
+    """Bytes one parameter takes in the engine's weight format, by role (``ParamCounts``)."""
+
+    linear: float
+    """Attention and dense MLP projections: quantized unless the scheme is experts-only."""
+    experts: float
+    """Routed experts: the scheme's bytes."""
+    other: int
+    """Embeddings, norms, routers, biases: 16-bit (the dtype's bytes) under every scheme."""
+
+
+def role_bytes(spec: ModelSpec, *, dtype: str, quantization: str | None) -> RoleBytes:
+    """Bytes a parameter takes by role, for ``spec`` served in ``dtype`` under
+    ``quantization`` (the checkpoint's own format where None)."""
+    fmt = weight_format(spec, quantization)
+    elem = dtype_bytes(dtype)
+    quant = fmt.bytes_per_param if fmt is not None else elem
+    return RoleBytes(elem if fmt is None or fmt.experts_only else quant, quant, elem)
+
+
 def _scale(spec: ModelSpec, *, dtype: str, quantization: str | None) -> float:
     """What scales the parts counted by role to ``weights_bytes`` (exact when the
     checkpoint's sizes are): its bytes over theirs."""
-    fmt = weight_format(spec, quantization)
-    elem = dtype_bytes(dtype)
+    linear, quant, elem = role_bytes(spec, dtype=dtype, quantization=quantization)
     p = spec.params
-    quant = fmt.bytes_per_param if fmt is not None else elem
-    linear = elem if fmt is None or fmt.experts_only else quant
     counted = (
         sum(p.layer_linear) * linear
         + sum(p.layer_experts) * quant
@@ -176,9 +190,7 @@ def stage_replicated_bytes(
     p = spec.params
     if not (p.layer_replicated_linear or p.layer_replicated_other):
         return [0] * pp
-    fmt = weight_format(spec, quantization)
-    elem = dtype_bytes(dtype)
-    linear = elem if fmt is None or fmt.experts_only else fmt.bytes_per_param
+    linear, _, elem = role_bytes(spec, dtype=dtype, quantization=quantization)
     scale = _scale(spec, dtype=dtype, quantization=quantization)
 
     def layer(i: int) -> float:
@@ -192,8 +204,7 @@ def stage_expert_bytes(
 ) -> list[int]:
     """Routed-expert weights of each pipeline stage, whole, in the engine's format (the part
     of ``stage_weights`` that expert and data parallelism split differently)."""
-    fmt = weight_format(spec, quantization)
-    quant = fmt.bytes_per_param if fmt is not None else dtype_bytes(dtype)
+    quant = role_bytes(spec, dtype=dtype, quantization=quantization).experts
     experts = spec.params.layer_experts
     return [
         int(sum(experts[i] for i in stage) * quant)

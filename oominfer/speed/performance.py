@@ -17,9 +17,8 @@ from typing import Final, Literal, NamedTuple
 
 from oominfer.hardware.gpu import GpuSpec
 from oominfer.memory.breakdown import MemoryBreakdown
-from oominfer.memory.dtypes import dtype_bytes
 from oominfer.memory.kv import indexer_key_bytes
-from oominfer.memory.weights import weight_format
+from oominfer.memory.weights import role_bytes, weight_format
 from oominfer.model.spec import ModelSpec
 from oominfer.settings import EngineSettings
 from oominfer.speed.roofline import (
@@ -121,17 +120,16 @@ def stage(spec: ModelSpec, settings: EngineSettings, b: MemoryBreakdown) -> Stag
     tp, pp = settings.tensor_parallel_size, settings.pipeline_parallel_size
     p = spec.params
     fmt = weight_format(spec, settings.quantization)
-    elem = dtype_bytes(b.dtype)
-    quant = fmt.bytes_per_param if fmt else elem
+    per = role_bytes(spec, dtype=b.dtype, quantization=settings.quantization)
     experts = sum(p.layer_experts)
     linear = sum(p.layer_linear)
     # Byte shares of the parts by role, as the estimator counts them (weights.py).
-    expert_b = experts * quant
-    linear_b = linear * (elem if fmt is None or fmt.experts_only else quant)
-    rest_b = (p.total - experts - linear) * elem
+    expert_b = experts * per.experts
+    linear_b = linear * per.linear
+    rest_b = (p.total - experts - linear) * per.other
     total_b = expert_b + linear_b + rest_b or 1.0
     # A step reads one embedding row per token, not the table (unless it is the LM head).
-    unread_b = 0 if spec.tie_word_embeddings else p.embedding * elem
+    unread_b = 0 if spec.tie_word_embeddings else p.embedding * per.other
     expert_bytes = b.weights_bytes * expert_b / total_b
     dense_bytes = b.weights_bytes * (total_b - expert_b - unread_b) / total_b
     share = spec.num_experts_per_tok / spec.num_experts if spec.num_experts else 0.0
