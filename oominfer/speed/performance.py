@@ -549,12 +549,13 @@ def _run_burst(
     need = [w.input_len] * requests  # prompt tokens to compute (again, after a preemption)
     base = [0] * requests  # tokens in its cache when it began decoding
     started = [0] * requests  # the step it began decoding after
-    epoch = [0] * requests  # bumped on preemption: stale heap and order entries are skipped
+    # Bumped when a request leaves the cache (preempted or done): stale heap and order
+    # entries are skipped.
+    epoch = [0] * requests
     decoding: list[tuple[int, int, int]] = []  # (step done after, request, epoch)
     n_dec = base_sum = started_sum = 0
     running = 0  # requests holding cache: decoding, or with a prompt begun
     order: list[tuple[int, int]] = []  # (request, epoch) in admission order
-    live = [False] * requests
     waiting = collections.deque(range(requests))
     prompting, done_prompt = -1, 0  # the prompt begun, and its tokens computed
     used = 0.0  # share of the KV cache held
@@ -569,9 +570,8 @@ def _run_burst(
         preemptions += 1
         while True:
             j, e = order.pop()
-            if live[j] and epoch[j] == e:
+            if epoch[j] == e:
                 break
-        live[j] = False
         epoch[j] += 1
         running -= 1
         if j == prompting:
@@ -611,7 +611,6 @@ def _run_burst(
                     break
                 waiting.popleft()
                 prompting, done_prompt = j, 0
-                live[j] = True
                 order.append((j, epoch[j]))
                 running += 1
                 used += a
@@ -658,7 +657,7 @@ def _run_burst(
             base_sum -= base[j]
             started_sum -= started[j]
             used -= a + b * (base[j] + step - started[j])
-            live[j] = False
+            epoch[j] += 1
             running -= 1
             finish[j] = clock
         for j in finished_prompts:
@@ -668,7 +667,7 @@ def _run_burst(
             finish[j] = clock
             left = outputs[j] - generated[j]
             if left <= 0:
-                live[j] = False
+                epoch[j] += 1
                 running -= 1
                 used -= a + b * need[j]
                 continue
