@@ -329,7 +329,7 @@ def replay(point: dict[str, Any]) -> dict[str, Any]:
         measured["tpot_s"] = 1 / measured["output_tokens_per_s"]
         predicted["tpot_s"] = output_len / (perf.ttft_s + (output_len - 1) * perf.tpot_s)
         predicted["tpot_s"] = 1 / predicted["tpot_s"]
-    errors = {k: predicted[k] / v - 1 for k, v in measured.items() if v is not None and v > 0}
+    errors = _errors(predicted, measured)
     return {
         **row,
         "model": model[0] + (f" ({model[1]})" if model[1] else ""),
@@ -349,6 +349,15 @@ of a burst filled and preempted), made once with --predictions from a ``git arch
 oominfer`` copy on PYTHONPATH: the summaries print it beside today's."""
 
 
+def _errors(predicted: dict[str, Any], measured: dict[str, Any]) -> dict[str, float]:
+    """Each figure's relative error, predicted / measured - 1, where both are given."""
+    return {
+        k: predicted[k] / v - 1
+        for k, v in measured.items()
+        if v is not None and v > 0 and predicted.get(k) is not None
+    }
+
+
 def previous_errors(rows: list[dict[str, Any]], path: Path = PREVIOUS) -> list[dict[str, Any]]:
     """``rows`` with each point's errors as the previous model predicted it (the measured
     figures are the same); points it did not predict are left out."""
@@ -360,8 +369,7 @@ def previous_errors(rows: list[dict[str, Any]], path: Path = PREVIOUS) -> list[d
         p = before.get(r["id"])
         if p is None or "errors" not in r:
             continue
-        errors = {k: p[k] / v - 1 for k, v in r["measured"].items() if v and p.get(k)}
-        out.append({**r, "predicted": p, "errors": errors})
+        out.append({**r, "predicted": p, "errors": _errors(p, r["measured"])})
     return out
 
 
