@@ -723,6 +723,39 @@ def test_a_request_alone_in_the_kv_cache_is_never_preempted() -> None:
     assert all(f > 0 for f in run.finish)
 
 
+@pytest.mark.parametrize(
+    ("input_len", "outputs", "cap", "per_token"),
+    [
+        (200, [2000] * 60, 60, 1 / 300_000),  # ample pool: decode-only stretches
+        (200, [3000] * 80, 80, 1 / 60_000),  # tight pool: preemptions between them
+        (30_000, [500] * 6, 6, 1 / 40_000),  # prompts admitted one at a time
+        (500, [(j * 7919) % 1500 + 2 for j in range(120)], 40, 1 / 80_000),  # varied, queued
+    ],
+)
+def test_a_burst_run_in_stretches_matches_it_stepped_one_step_at_a_time(
+    monkeypatch: pytest.MonkeyPatch, input_len: int, outputs: list[int], cap: int,
+    per_token: float,
+) -> None:  # fmt: skip
+    """_run_burst takes decode-only stretches in which nothing can happen in one go
+    (JUMP_MIN_STEPS); stepped one step at a time, the same bursts give the same run: every
+    request's first and last token within 0.1%, the same preemptions."""
+    from oominfer.speed import performance
+    from oominfer.speed.performance import _run_burst
+
+    s, c = _burst_parts(32768)
+    w = Workload(input_len=input_len, output_len=max(outputs), concurrency=len(outputs))
+    kw: dict[str, Any] = {"cap": cap, "chunk": 8192, "pp": 1, "footprint": (2e-5, per_token)}
+    fast = _run_burst(s, c, w, outputs, **kw)
+    monkeypatch.setattr(performance, "JUMP_MIN_STEPS", 10**9)
+    exact = _run_burst(s, c, w, outputs, **kw)
+    assert fast is not None and exact is not None
+    assert fast.preemptions == exact.preemptions
+    assert fast.bound_at_full == exact.bound_at_full
+    assert fast.clock == pytest.approx(exact.clock, rel=1e-3)
+    assert fast.first == pytest.approx(exact.first, rel=1e-3)
+    assert fast.finish == pytest.approx(exact.finish, rel=1e-3)
+
+
 def test_the_speed_bench_sets_the_previous_model_beside_today(tmp_path: Path) -> None:
     """bench/speed.py's summaries put the stored predictions of an earlier model beside
     today's: each point's errors recomputed against the same measured figures, and points

@@ -357,6 +357,11 @@ SIMULATED_WAVES: Final = 16
 """``predict_run`` steps through at most this many batches of requests (a batch: as many as
 run at once) and extends the rest at their pace."""
 
+JUMP_MIN_STEPS: Final = 8
+"""``_run_burst`` takes a stretch of at least this many decode-only steps in which nothing
+can happen (no answer done, no prompt admitted, no preemption) in one go: a run of long
+answers is thousands of such steps a request."""
+
 
 def predict_burst(
     spec: ModelSpec,
@@ -597,6 +602,27 @@ def _run_burst(
             preempt_last()
             preempted = True
         budget = max(chunk * pp - n_dec, 0)
+        if n_dec and prompting < 0:
+            while decoding and decoding[0][2] != epoch[decoding[0][1]]:
+                heapq.heappop(decoding)  # stale: left the cache
+            admits = (
+                budget > 0
+                and waiting
+                and running < cap
+                and used + b * (n_dec + need[waiting[0]]) + a <= 1.0
+            )
+            # Nothing changes until the next answer is done or the cache fills: the steps
+            # before either are decode-only (admission stays shut: the cache only fills).
+            quiet = decoding[0][0] - step - 1
+            if b > 0:
+                quiet = min(quiet, int((1.0 - used) / (b * n_dec)) - 1)
+            full_seen = bound_at_full is not None or n_dec < cap
+            if not admits and quiet >= JUMP_MIN_STEPS and full_seen:
+                context = (base_sum + step * n_dec - started_sum) / n_dec
+                clock += _decode_stretch(s, c, n_dec=n_dec, pp=pp, steps=quiet, context=context)
+                used += b * n_dec * quiet
+                step += quiet
+                continue
         prefill, context_sum, sequences = 0, 0.0, 0
         finished_prompts: list[int] = []
         while budget > 0:
@@ -677,6 +703,19 @@ def _run_burst(
             started_sum += step
             heapq.heappush(decoding, (step + left, j, epoch[j]))
     return _Run(first, finish, clock, bound_at_full, preemptions)
+
+
+def _decode_stretch(s: Stage, c: Chip, *, n_dec: int, pp: int, steps: int, context: float) -> float:
+    """Seconds of ``steps`` decode-only steps of ``n_dec`` requests whose mean context starts
+    at ``context`` and grows a token a step: Simpson's rule over the first, middle and last
+    step (exact where the step's time is linear or quadratic in the context; where it
+    turns from memory- to compute-bound within the stretch, off by far under a step)."""
+
+    def at(i: float) -> float:
+        return step_time(s, c, decodes=n_dec / pp, context=context + i).seconds
+
+    last = steps - 1
+    return steps * (at(0) + 4 * at(last / 2) + at(last)) / 6 * pp
 
 
 def _footprint(breakdown: MemoryBreakdown, w: Workload) -> tuple[float, float]:
