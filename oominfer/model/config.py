@@ -7,7 +7,7 @@ UnsupportedConfigError naming it, never a KeyError.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, Final
+from typing import Any, Final, TypedDict
 
 from oominfer.base.errors import UnsupportedConfigError
 from oominfer.model.params import (
@@ -174,9 +174,7 @@ def _parse(raw: Mapping[str, Any], *, model_id: str, checkpoint: Checkpoint, src
         kv_lora_rank=kv_lora,
         qk_rope_head_dim=rope_dim,
         qk_nope_head_dim=r.opt_integer("qk_nope_head_dim") if kv_lora is not None else None,
-        indexer_head_dim=r.integer("index_head_dim", default=0) if kv_lora is not None else 0,
-        indexer_heads=r.integer("index_n_heads", default=0) if kv_lora is not None else 0,
-        indexer_topk=r.integer("index_topk", default=0) if kv_lora is not None else 0,
+        **_sparse_attention(r, latent=kv_lora is not None),
         num_experts=n_experts,
         num_experts_per_tok=r.integer("num_experts_per_tok", "experts_per_token", default=0),
         moe_intermediate_size=moe_inter,
@@ -211,6 +209,25 @@ _DYNAMIC_RESOLUTION_TOKENS = 12_845_056 // (14 * 14) // 4
 
 
 _ROPE_KEYS: Final = ("rope_theta", "rope_scaling", "rope_parameters", "rotary_emb_base")
+
+
+class _Indexer(TypedDict):
+    indexer_head_dim: int
+    indexer_heads: int
+    indexer_topk: int
+
+
+def _sparse_attention(r: ConfigReader, *, latent: bool) -> _Indexer:
+    """DeepSeek sparse attention's indexer (DeepSeek-V3.2, GLM-5), read only beside a
+    ``latent`` (MLA) layout: its key width, heads and the top-k tokens each query attends
+    to; 0 each without one."""
+    if not latent:
+        return _Indexer(indexer_head_dim=0, indexer_heads=0, indexer_topk=0)
+    return _Indexer(
+        indexer_head_dim=r.integer("index_head_dim", default=0),
+        indexer_heads=r.integer("index_n_heads", default=0),
+        indexer_topk=r.integer("index_topk", default=0),
+    )
 
 
 def _rotary_dim(cfg: Mapping[str, Any], head_dim: int, rope_dim: int | None) -> int:
