@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 from _pure_fixtures import offline_hub  # noqa: F401 - autouse fixture
 
 from oominfer.base.errors import UnsupportedConfigError
+from oominfer.hardware.hardware import Hardware
+from oominfer.memory.estimate import estimate
 from oominfer.model.catalog import catalog_entry, catalog_ids
 from oominfer.model.config import spec_from_config
 from oominfer.model.spec import ModelSpec, QuantSpec
+from oominfer.rules.versions import CURRENT_VLLM
+from oominfer.settings import EngineSettings
+
+CONFIGS = Path(__file__).resolve().parent / "data" / "configs"
+"""Verbatim config.json files of models the catalog does not carry (each named for its repo)."""
 
 
 def catalog_spec(name: str) -> ModelSpec:
@@ -209,6 +217,64 @@ def test_nemotron_h_pattern() -> None:
     assert spec.layer_kinds == tuple(symbols[ch] for ch in pattern)
     assert spec.attention_layers == pattern.count("*")
     assert spec.state_layers == pattern.count("M")
+
+
+def test_qwen3_next_full_attention_projects_its_output_gate() -> None:
+    """Qwen3-Next's full-attention layers gate their output: vLLM's qkv_proj projects
+    heads x (1 + attn_output_gate) query-sized outputs, the flag on by default (its
+    config.json does not name it): 12 layers x 2,048 x 16 x 256 more than without."""
+    entry = catalog_entry("Qwen/Qwen3-Next-80B-A3B-Thinking")
+    assert entry is not None
+    assert "attn_output_gate" not in entry.config
+    gated = spec_from_config(entry.config, model_id="next")
+    plain = spec_from_config({**entry.config, "attn_output_gate": False}, model_id="next")
+    assert gated.params.total - plain.params.total == 12 * 2048 * 16 * 256
+
+
+def test_qwen3_5_moe_needs_no_dense_intermediate_size() -> None:
+    """Qwen3.5's MoE checkpoints have no intermediate_size: every layer is a MoE layer
+    (256 experts of 512 in Qwen3.5-35B-A3B, beside a shared expert of 512)."""
+    entry = catalog_entry("Qwen/Qwen3.5-35B-A3B")
+    assert entry is not None
+    assert "intermediate_size" not in entry.config["text_config"]
+    spec = catalog_spec("Qwen/Qwen3.5-35B-A3B")
+    assert spec.num_experts == 256 and spec.moe_intermediate_size == 512
+    assert sum(spec.params.layer_experts) == 40 * 256 * 3 * 2048 * 512
+    assert spec.layer_kinds.count("full") == 10
+    assert 34e9 < spec.params.total < 36e9  # "35B"
+
+
+def test_latent_moe_experts_work_in_the_latent_width() -> None:
+    """Nemotron 3 Super's LatentMoE: 512 routed experts (relu2, up and down) work in
+    moe_latent_size 1,024 behind fc1/fc2_latent_proj (4,096 x 1,024 each, whole on every
+    rank); counted at the hidden size the model came out at 458B instead of its 120B.
+    The config is tests/data/configs/ (NVIDIA's, as ai-dynamo/aiconfigurator keeps it)."""
+    path = CONFIGS / "nvidia__NVIDIA-Nemotron-3-Super-120B-A12B-FP8.json"
+    spec = spec_from_config(json.loads(path.read_text()), model_id="nemotron-3-super")
+    assert spec.moe_latent_size == 1024
+    moe_layers = 40
+    assert sum(spec.params.layer_experts) == moe_layers * 512 * 2 * 1024 * 2688
+    assert sum(spec.params.layer_replicated_linear) == moe_layers * 2 * 4096 * 1024
+    assert 119e9 < spec.params.total < 122e9  # "120B total, 12B active"
+
+
+def test_nemotron_nas_layers_have_their_own_attention_and_mlp() -> None:
+    """Llama-3.3-Nemotron-Super-49B (DeciLM, NAS-pruned from Llama-3.3-70B): 80 layers, each
+    its own ``block_configs`` entry. 31 have no attention (no KV cache), the other 49 eight KV
+    heads; each MLP is 2 x ffn_mult x 8,192 / 3 wide rounded up to 256 (5.25: 28,672;
+    2.625: 14,336; 0.5: 2,816). 49.9B parameters on its model card."""
+    path = CONFIGS / "nvidia__Llama-3_3-Nemotron-Super-49B-v1.json"
+    config = json.loads(path.read_text())
+    spec = spec_from_config(config, model_id="nemotron-super-49b")
+    assert spec.layer_kinds.count("full") == 49 and spec.layer_kinds.count("mlp") == 31
+    assert spec.num_kv_heads == 8
+    assert spec.intermediate_size == 28672
+    assert spec.params.total == pytest.approx(49.9e9, rel=0.002)
+    widths = {b["ffn"]["ffn_mult"] for b in config["block_configs"]}
+    assert {0.5, 2.625, 5.25} <= widths
+    b = estimate(spec, hardware=Hardware.from_gpu("H100"), settings=EngineSettings(
+        max_model_len=8192), version=CURRENT_VLLM)  # fmt: skip
+    assert b.kv_bytes_per_token == 49 * 2 * 8 * 128 * 2
 
 
 @pytest.mark.parametrize(
@@ -476,6 +542,21 @@ ERROR_ROWS = [
         config(layer_types=["full_attention", "mystery", "full_attention", "x"]),
         ["layer type 'mystery'", "layer_types"],
         id="unknown-layer-type",
+    ),
+    pytest.param(
+        config(block_configs=[{"attention": {"no_op": True}, "ffn": {"ffn_mult": 1.0}}] * 3),
+        ["block_configs", "one entry per layer"],
+        id="nas-blocks-short",
+    ),
+    pytest.param(
+        config(block_configs=["layer"] * 4),
+        ["block_configs[0]", "attention and ffn"],
+        id="nas-block-not-an-object",
+    ),
+    pytest.param(
+        config(block_configs=[{"attention": {"no_op": True}, "ffn": {"no_op": True}}] * 4),
+        ["no attention layer"],
+        id="nas-no-attention",
     ),
     pytest.param([1, 2, 3], ["JSON object"], id="not-a-dict-list"),
     pytest.param("config", ["JSON object"], id="not-a-dict-str"),

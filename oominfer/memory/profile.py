@@ -299,7 +299,7 @@ def moe_workspace_bytes(
     """
     inter = max(spec.moe_intermediate_size, 1) // expert_slices
     top_k = max(spec.num_experts_per_tok, 1)
-    n, k = 2 * inter, spec.hidden_size
+    n, k = 2 * inter, spec.moe_latent_size or spec.hidden_size
     if version.release >= MODULAR_MOE_RELEASE:
         per_token = top_k * (max(inter, k) + max(n, k))
     else:
@@ -310,7 +310,7 @@ def moe_workspace_bytes(
     if spec.quantization is not None and spec.quantization.method == "fp8":
         # W8A8: the input and intermediate_cache2 are quantized to one byte each before
         # their GEMMs (``moe_kernel_quantize_input``), beside the 16-bit caches.
-        workspace += chunk * (spec.hidden_size + top_k * inter)
+        workspace += chunk * (k + top_k * inter)
     return workspace
 
 

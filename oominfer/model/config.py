@@ -104,8 +104,14 @@ def _parse(raw: Mapping[str, Any], *, model_id: str, checkpoint: Checkpoint, src
         raise UnsupportedConfigError(
             f"{model_id}: config.json gives zero layers, hidden size or attention heads."
         )
+    nas = _nas_blocks(r, hidden)
     if cfg.get("multi_query") and not cfg.get("new_decoder_architecture"):
         kv_heads = 1
+    elif nas is not None:
+        groups = [group for group, _ in nas if group]
+        if not groups:
+            raise UnsupportedConfigError(f"{model_id}: block_configs has no attention layer.")
+        kv_heads = heads // max(set(groups), key=groups.count)
     else:
         kv_heads = r.integer("num_key_value_heads", "num_kv_heads", "n_head_kv", default=heads)
     head_dim = r.integer("head_dim", "attention_head_dim", "kv_channels", default=hidden // heads)
@@ -113,7 +119,13 @@ def _parse(raw: Mapping[str, Any], *, model_id: str, checkpoint: Checkpoint, src
         raise UnsupportedConfigError(
             f"{model_id}: {heads} attention heads cannot be shared by {kv_heads} KV heads."
         )
+    n_experts = r.integer("num_local_experts", "num_experts", "n_routed_experts", default=0)
     inter_default = 4 * hidden if model_type in UNGATED_MLP else None
+    if n_experts and inter_default is None:
+        # Every layer a MoE layer (Qwen3.5's MoE): no dense MLP, no intermediate_size.
+        inter_default = r.integer("moe_intermediate_size", default=0) or None
+    if nas is not None:  # the widest of the layers' own MLPs
+        inter_default = max(width for _, width in nas) or None
     inter = r.integer(
         "intermediate_size", "ffn_dim", "n_inner", "ffn_hidden_size", default=inter_default
     )
@@ -123,6 +135,8 @@ def _parse(raw: Mapping[str, Any], *, model_id: str, checkpoint: Checkpoint, src
     tied = r.flag("tie_word_embeddings", model_type in _TIED_BY_DEFAULT)
 
     kinds = _layer_kinds(r, layers)
+    if nas is not None:  # a layer whose attention is a no-op caches nothing
+        kinds = tuple("full" if group else "mlp" for group, _ in nas)
     window = r.integer("sliding_window", default=0) if "sliding" in kinds else None
     # Gemma 4's full-attention layers: their own KV heads and head size.
     full_kv_heads = r.integer("num_global_key_value_heads", default=0)
@@ -132,7 +146,6 @@ def _parse(raw: Mapping[str, Any], *, model_id: str, checkpoint: Checkpoint, src
     kv_lora = r.opt_integer("kv_lora_rank")
     rope_dim = r.opt_integer("qk_rope_head_dim") if kv_lora is not None else None
 
-    n_experts = r.integer("num_local_experts", "num_experts", "n_routed_experts", default=0)
     moe_inter = r.integer("moe_intermediate_size", default=inter) if n_experts else 0
 
     params = param_counts(
@@ -146,6 +159,7 @@ def _parse(raw: Mapping[str, Any], *, model_id: str, checkpoint: Checkpoint, src
         full_kv_heads=full_kv_heads or kv_heads,
         full_head_dim=full_head_dim or head_dim,
         inter=inter,
+        layer_inter=tuple(width for _, width in nas) if nas is not None else None,
         vocab=vocab,
         tied=tied,
         n_experts=n_experts,
@@ -178,6 +192,7 @@ def _parse(raw: Mapping[str, Any], *, model_id: str, checkpoint: Checkpoint, src
         num_experts=n_experts,
         num_experts_per_tok=r.integer("num_experts_per_tok", "experts_per_token", default=0),
         moe_intermediate_size=moe_inter,
+        moe_latent_size=r.integer("moe_latent_size", default=0) if n_experts else 0,
         state_elements_per_layer=state_elems,
         state_dtype=state_dtype,
         quantization=quant,
@@ -215,6 +230,36 @@ class _Indexer(TypedDict):
     indexer_head_dim: int
     indexer_heads: int
     indexer_topk: int
+
+
+def _nas_blocks(r: ConfigReader, hidden: int) -> list[tuple[int, int]] | None:
+    """Nemotron-NAS / DeciLM (Llama-3.3-Nemotron-Super-49B, -Ultra-253B): each layer's own
+    ``block_configs`` entry, as (query heads per KV head, 0 where its attention is a no-op;
+    its MLP's intermediate size, 0 where that is a no-op). vLLM's nemotron_nas.py sizes an
+    MLP of ``ffn_mult`` at 2 x ffn_mult x hidden / 3 rounded up to a multiple of 256.
+    None for other models."""
+    blocks = r.cfg.get("block_configs")
+    if not isinstance(blocks, list) or not blocks:
+        return None
+    out: list[tuple[int, int]] = []
+    for i, block in enumerate(blocks):
+        attention = block.get("attention") if isinstance(block, dict) else None
+        ffn = block.get("ffn") if isinstance(block, dict) else None
+        if not isinstance(attention, dict) or not isinstance(ffn, dict):
+            raise r.invalid(f"block_configs[{i}]", block, "an object with attention and ffn")
+        group = 0 if attention.get("no_op") else int(attention.get("n_heads_in_group") or 0)
+        if not attention.get("no_op") and group <= 0:
+            raise r.invalid(f"block_configs[{i}].attention.n_heads_in_group", group, "a count")
+        width = 0
+        if not ffn.get("no_op"):
+            if ffn.get("ffn_mult") is not None:
+                width = -(-int(2 * float(ffn["ffn_mult"]) * hidden / 3) // 256) * 256
+            else:
+                width = int(ffn.get("intermediate_size") or 0)
+        out.append((group, width))
+    if len(out) != r.integer("num_hidden_layers", "n_layer", "num_layers", "n_layers"):
+        raise r.invalid("block_configs", len(out), "one entry per layer")
+    return out
 
 
 def _sparse_attention(r: ConfigReader, *, latent: bool) -> _Indexer:

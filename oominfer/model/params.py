@@ -50,13 +50,15 @@ def param_counts(
     tied: bool,
     n_experts: int,
     moe_inter: int,
+    layer_inter: tuple[int, ...] | None = None,
 ) -> ParamCounts:
     """Parameters by role, layer by layer, from the architecture alone.
 
     Gemma 4's full-attention layers project to their own KV heads and head size
     (``full_kv_heads``, ``full_head_dim``); where they share K and V (``attention_k_eq_v``)
     the checkpoint has no v_proj, but vLLM's fused QKV keeps a V slot it loads K into: it is
-    counted. Its MoE layers run a dense MLP beside the experts, as a shared expert."""
+    counted. Its MoE layers run a dense MLP beside the experts, as a shared expert.
+    ``layer_inter``: each layer's own MLP width where they differ (Nemotron-NAS)."""
     gated = model_type not in UNGATED_MLP
     mlp_mats = 3 if gated else 2
     biased = r.flag("attention_bias", False) or model_type in ("qwen2", "qwen2_moe", "qwen")
@@ -95,8 +97,13 @@ def param_counts(
         full_attn = attn
     else:
         attn = hidden * (heads + 2 * kv_heads) * head_dim + heads * head_dim * hidden
+        # Qwen3-Next and Qwen3.5 gate the full-attention output: q_proj projects a gate
+        # beside each query head (vLLM's qkv_proj: heads x (1 + attn_output_gate), the
+        # flag on unless config.json turns it off).
+        gated_out = r.flag("attn_output_gate", model_type.startswith(("qwen3_next", "qwen3_5")))
+        q_heads = heads * (2 if gated_out else 1)
         full_attn = (
-            hidden * (heads + 2 * full_kv_heads) * full_head_dim + heads * full_head_dim * hidden
+            hidden * (q_heads + 2 * full_kv_heads) * full_head_dim + heads * full_head_dim * hidden
         )
         attn_other = (heads + 2 * kv_heads) * head_dim if biased else 0
         replicated_attn = replicated_index = 0
@@ -115,6 +122,11 @@ def param_counts(
     if model_type == "llama4" or (model_type.startswith("gemma4") and n_experts):
         shared_inter = shared_inter or inter
     expert_bias = (2 * moe_inter + hidden) if model_type == "gpt_oss" else 0
+    # LatentMoE: the experts work in the latent width, behind a down- and an up-projection
+    # that vLLM keeps whole on every rank (fc1_latent_proj / fc2_latent_proj, ReplicatedLinear).
+    latent = r.integer("moe_latent_size", default=0) if n_experts else 0
+    expert_hidden = latent or hidden
+    latent_proj = 2 * hidden * latent
     state_params = _state_layer_params(r, hidden)
 
     linear: list[int] = []
@@ -135,10 +147,14 @@ def param_counts(
         # Every layer of these has an MLP; Nemotron-H's M and * layers do not.
         has_mlp = model_type != "nemotron_h" or kind == "mlp"
         if has_mlp and n_experts and i not in dense_layers:
-            exp += n_experts * (mlp_mats * hidden * moe_inter + expert_bias)
-            lin += mlp_mats * hidden * shared_inter
+            exp += n_experts * (mlp_mats * expert_hidden * moe_inter + expert_bias)
+            lin += mlp_mats * hidden * shared_inter + latent_proj
+            rep_lin += latent_proj
             oth += hidden * n_experts + (n_experts if model_type == "gpt_oss" else 0)
             rep_oth += hidden * n_experts  # the router: replicated in every vLLM MoE layer
+        elif has_mlp and layer_inter is not None:  # Nemotron-NAS: each layer its own
+            lin += mlp_mats * hidden * layer_inter[i]
+            oth -= hidden * ((kind == "mlp") + (layer_inter[i] == 0))  # no norm before a no-op
         elif has_mlp:
             lin += dense_mlp
             oth += mlp_bias

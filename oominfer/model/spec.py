@@ -204,6 +204,10 @@ class ModelSpec:
     num_experts: int = 0
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0
+    moe_latent_size: int = 0
+    """LatentMoE (Nemotron 3 Super: ``moe_latent_size``): the routed experts work in this
+    width, between a down- and an up-projection from and to the hidden size; 0: the hidden
+    size."""
     # Recurrent state per sequence of one Mamba / linear-attention layer, in elements.
     state_elements_per_layer: int = 0
     state_dtype: str | None = None
