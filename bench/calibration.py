@@ -83,6 +83,9 @@ SAME_ARCHITECTURE: dict[str, str] = {
     # Qwen3VLMoeForConditionalGeneration in bf16 (48 x 2048 layers, 4 KV heads, 128 experts,
     # by its 98,304 B a token), the shapes of the Instruct checkpoint.
     "unnamed Qwen3-VL-30B-A3B derivative": "Qwen/Qwen3-VL-30B-A3B-Instruct",
+    # The May 2025 update of DeepSeek-R1's weights: the same DeepseekV3 config.json shapes
+    # (61 x 7168 MLA layers, 256 experts) and native block FP8.
+    "deepseek-ai/DeepSeek-R1-0528": "deepseek-ai/DeepSeek-R1",
 }
 
 

@@ -158,7 +158,11 @@ def test_mla_latent_projections_and_routers_are_whole_on_every_rank() -> None:
     disable_tp) and every MoE router whole on each tensor-parallel rank: at TP 8 a GPU holds
     7/8 of them more than an eighth of the model. In FP8: 7,168 x (1,536 + 512 + 64) a layer
     (61 layers), and 7,168 x 256 in 16 bits for each of the 58 routers."""
-    from oominfer.memory.weights import stage_replicated_bytes, stage_weights
+    from oominfer.memory.weights import (
+        mla_dequantized_bytes,
+        stage_replicated_bytes,
+        stage_weights,
+    )
 
     r1 = spec("deepseek-ai/DeepSeek-V3")
     (whole,) = stage_weights(r1, dtype="bfloat16", quantization=None, pp=1)
@@ -168,10 +172,30 @@ def test_mla_latent_projections_and_routers_are_whole_on_every_rank() -> None:
     one = run(r1, H200, gpus=8, max_model_len=8192, tensor_parallel_size=8)
     two = run(r1, H200, gpus=16, max_model_len=8192, tensor_parallel_size=16)
     assert one.weights_bytes - two.weights_bytes == pytest.approx(whole / 16, rel=0.01)
-    assert one.weights_bytes == pytest.approx(whole / 8 + replicated * 7 / 8, abs=64 * MiB)
+    dequantized = mla_dequantized_bytes(r1, dtype="bfloat16", quantization=None, tp=8, layers=61)
+    assert one.weights_bytes == pytest.approx(
+        whole / 8 + replicated * 7 / 8 + dequantized, abs=64 * MiB
+    )
     # A dense model without replicated parts splits evenly.
     (llama,) = stage_replicated_bytes(LLAMA_8B, dtype="bfloat16", quantization=None, pp=1)
     assert llama == 0
+
+
+def test_mla_keeps_a_dequantized_kv_b_proj_beside_a_quantized_one() -> None:
+    """vLLM splits MLA's kv_b_proj into W_UK and W_UV at load, dequantized to bf16 where the
+    checkpoint quantizes it, and keeps the FP8 weight too: DeepSeek-R1 in FP8 at TP 8 holds
+    61 x 512 x 16 heads x (128 + 128) x 2 bytes more a GPU; in bf16 they are views. A public
+    0.11.2 log of R1-0528 at TP 8 loaded 79.74 GiB a GPU (tests/data/calibration g26-01)."""
+    from oominfer.memory.weights import mla_dequantized_bytes
+
+    r1 = spec("deepseek-ai/DeepSeek-R1")
+    kw: dict[str, Any] = {"tp": 8, "layers": 61, "dtype": "bfloat16"}
+    assert mla_dequantized_bytes(r1, quantization=None, **kw) == 61 * 512 * 16 * 256 * 2
+    bf16 = dataclasses.replace(r1, quantization=None)
+    assert mla_dequantized_bytes(bf16, quantization=None, **kw) == 0
+    assert mla_dequantized_bytes(LLAMA_8B, quantization=None, **kw) == 0
+    b = run(r1, H200, gpus=8, max_model_len=8192, tensor_parallel_size=8)
+    assert b.weights_bytes / GiB == pytest.approx(79.74, rel=0.004)
 
 
 def test_the_sparse_attention_indexer_is_counted_and_replicated() -> None:

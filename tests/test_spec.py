@@ -258,6 +258,24 @@ def test_latent_moe_experts_work_in_the_latent_width() -> None:
     assert 119e9 < spec.params.total < 122e9  # "120B total, 12B active"
 
 
+def test_nemotron_h_layers_block_type_reads_as_the_pattern() -> None:
+    """Nemotron 3's later configs (transformers 5) list layers_block_type ("mamba", "moe",
+    "attention", "mlp") instead of hybrid_override_pattern, some without num_hidden_layers
+    (Nemotron-3-Ultra): the same model either way."""
+    config = json.loads(
+        (CONFIGS / "nvidia__NVIDIA-Nemotron-3-Super-120B-A12B-FP8.json").read_text()
+    )
+    names = {"M": "mamba", "E": "moe", "*": "attention", "-": "mlp"}
+    listed = {k: v for k, v in config.items() if k not in ("hybrid_override_pattern",
+                                                           "num_hidden_layers")}  # fmt: skip
+    listed["layers_block_type"] = [names[c] for c in config["hybrid_override_pattern"]]
+    a = spec_from_config(config, model_id="pattern")
+    b = spec_from_config(listed, model_id="listed")
+    assert b.num_layers == 88
+    assert b.layer_kinds == a.layer_kinds
+    assert b.params.total == a.params.total
+
+
 def test_nemotron_nas_layers_have_their_own_attention_and_mlp() -> None:
     """Llama-3.3-Nemotron-Super-49B (DeciLM, NAS-pruned from Llama-3.3-70B): 80 layers, each
     its own ``block_configs`` entry. 31 have no attention (no KV cache), the other 49 eight KV
@@ -275,6 +293,32 @@ def test_nemotron_nas_layers_have_their_own_attention_and_mlp() -> None:
     b = estimate(spec, hardware=Hardware.from_gpu("H100"), settings=EngineSettings(
         max_model_len=8192), version=CURRENT_VLLM)  # fmt: skip
     assert b.kv_bytes_per_token == 49 * 2 * 8 * 128 * 2
+
+
+def test_gemma4_e4b_shares_kv_and_carries_per_layer_embeddings() -> None:
+    """gemma-4-E4B: its last 18 of 42 layers read the KV cache of the last earlier layer of
+    their type (vLLM allocates none for them), so 20 sliding and 4 full layers cache a token:
+    20 x 2 x 2 x 256 x 2 + 4 x 2 x 2 x 512 x 2 = 57,344 bytes (100,352 counting all 42).
+    Its per-layer embeddings add a 262,144 x 42 x 256 table (2.8B of its "8B"), which a
+    step reads a row of; its audio tower (transformers' Gemma4AudioModel) 304,824,608."""
+    from oominfer.model.params import audio_params
+    from oominfer.model.reader import ConfigReader
+    from oominfer.speed.performance import stage
+
+    config = json.loads((CONFIGS / "google__gemma-4-E4B-it.resaved.json").read_text())
+    spec = spec_from_config(config, model_id="gemma-4-e4b")
+    assert spec.layer_kinds[24:] == ("shared",) * 18
+    assert spec.attention_layers == 24
+    settings = EngineSettings(max_model_len=8192)
+    b = estimate(spec, hardware=Hardware.from_gpu("H100"), settings=settings,
+                 version=CURRENT_VLLM)  # fmt: skip
+    assert b.kv_bytes_per_token == 20 * 2 * 2 * 256 * 2 + 4 * 2 * 2 * 512 * 2
+    table = 262_144 * 42 * 256
+    assert spec.params.per_layer_embedding == table
+    assert audio_params(ConfigReader(config, "e4b")) == 304_824_608
+    assert spec.params.total == pytest.approx(8e9, rel=0.01)
+    # A decode step reads the weights but not the per-layer tables.
+    assert stage(spec, settings, b).dense_bytes < b.weights_bytes - table * 2 * 0.99
 
 
 @pytest.mark.parametrize(

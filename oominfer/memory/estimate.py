@@ -61,6 +61,7 @@ from oominfer.memory.profile import (
 from oominfer.memory.transformers import transformers_breakdown, unquantized_expert_bytes
 from oominfer.memory.weights import (
     marlin_fp8_scale_bytes,
+    mla_dequantized_bytes,
     mxfp4_expert_ratio,
     on_gpu_rounding,
     pp_layer_ranges,
@@ -294,6 +295,9 @@ def estimate(
             stage_bytes = (stage_bytes - expert_stages[index]) + experts * tp
         weights = max(0, stage_bytes // tp - offload) + rope
         weights += replicated[index] * (tp - 1) // tp  # whole on every rank, not split
+        weights += mla_dequantized_bytes(
+            spec, dtype=dtype, quantization=s.quantization, tp=tp, layers=len(layers)
+        )
         weights += on_gpu_rounding(rounding[index], stage_bytes // tp, offload)
         added = dataclasses.replace(extra, expert_weights_bytes=experts, experts_per_gpu=per_gpu)
         in_budget_extra = added.non_kv_bytes - (

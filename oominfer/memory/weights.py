@@ -199,6 +199,25 @@ def stage_replicated_bytes(
     return [int(sum(map(layer, stage)) * scale) for stage in pp_layer_ranges(spec.num_layers, pp)]
 
 
+def mla_dequantized_bytes(
+    spec: ModelSpec, *, dtype: str, quantization: str | None, tp: int, layers: int
+) -> int:
+    """What one GPU holds for ``layers`` latent-attention layers beside their weights: vLLM
+    splits kv_b_proj into the absorbed W_UK and W_UV at load, dequantized to the model's
+    dtype where the checkpoint quantizes it (MLAAttention.process_weights_after_loading,
+    ``split_kv_b_proj``), and keeps the quantized weight too; unquantized, the two are
+    views of it. kv_lora_rank x heads a GPU x (qk_nope + v head size), in 16 bits:
+    DeepSeek-R1 in FP8 at TP 8, 0.24 GiB a GPU."""
+    if spec.kv_lora_rank is None:
+        return 0
+    linear, _, elem = role_bytes(spec, dtype=dtype, quantization=quantization)
+    if linear >= elem:
+        return 0
+    nope = spec.qk_nope_head_dim or spec.head_dim
+    heads = max(1, spec.num_attention_heads // tp)
+    return layers * spec.kv_lora_rank * heads * (nope + (spec.v_head_dim or nope)) * elem
+
+
 def stage_expert_bytes(
     spec: ModelSpec, *, dtype: str, quantization: str | None, pp: int
 ) -> list[int]:

@@ -97,7 +97,11 @@ def _parse(raw: Mapping[str, Any], *, model_id: str, checkpoint: Checkpoint, src
     model_type = str(cfg.get("model_type") or "unknown")
     model_type = _MODEL_TYPE_ALIASES.get(model_type, model_type)
 
-    layers = r.integer("num_hidden_layers", "n_layer", "num_layers", "n_layers")
+    block_types = cfg.get("layers_block_type")
+    layers = r.integer(
+        "num_hidden_layers", "n_layer", "num_layers", "n_layers",
+        default=len(block_types) if isinstance(block_types, list) and block_types else None,
+    )  # fmt: skip
     hidden = r.integer("hidden_size", "n_embd", "d_model", "dim")
     heads = r.integer("num_attention_heads", "n_head", "num_heads", "n_heads")
     if layers == 0 or hidden == 0 or heads == 0:
@@ -137,6 +141,10 @@ def _parse(raw: Mapping[str, Any], *, model_id: str, checkpoint: Checkpoint, src
     kinds = _layer_kinds(r, layers)
     if nas is not None:  # a layer whose attention is a no-op caches nothing
         kinds = tuple("full" if group else "mlp" for group, _ in nas)
+    shared = min(r.integer("num_kv_shared_layers", default=0), layers - 1)
+    if shared > 0:  # Gemma 4 / 3n: the last layers read an earlier layer's KV cache
+        reads: LayerKind = "shared"
+        kinds = kinds[: layers - shared] + (reads,) * shared
     window = r.integer("sliding_window", default=0) if "sliding" in kinds else None
     # Gemma 4's full-attention layers: their own KV heads and head size.
     full_kv_heads = r.integer("num_global_key_value_heads", default=0)
@@ -188,6 +196,7 @@ def _parse(raw: Mapping[str, Any], *, model_id: str, checkpoint: Checkpoint, src
         kv_lora_rank=kv_lora,
         qk_rope_head_dim=rope_dim,
         qk_nope_head_dim=r.opt_integer("qk_nope_head_dim") if kv_lora is not None else None,
+        v_head_dim=r.opt_integer("v_head_dim") if kv_lora is not None else None,
         **_sparse_attention(r, latent=kv_lora is not None),
         num_experts=n_experts,
         num_experts_per_tok=r.integer("num_experts_per_tok", "experts_per_token", default=0),
@@ -336,14 +345,23 @@ def _layer_kinds(r: ConfigReader, layers: int) -> tuple[LayerKind, ...]:
         "linear_attention": "linear_attention",
         "mamba": "mamba",
         "mamba2": "mamba",
+        "deepseek_sparse_attention": "full",  # GLM-5.2: MLA with the sparse indexer
+        # Nemotron-H's layers_block_type (transformers 5): blocks without attention.
+        "moe": "mlp",
+        "mlp": "mlp",
     }
-    layer_types = cfg.get("layer_types")
+    block_types = cfg.get("layers_block_type")
+    if isinstance(block_types, list) and len(block_types) == layers:  # Nemotron-H, Nemotron 3
+        layer_types: Any = block_types
+    else:
+        layer_types = cfg.get("layer_types")
     if isinstance(layer_types, list) and len(layer_types) == layers:
         try:
             return tuple(names[str(t)] for t in layer_types)
         except KeyError as err:
             raise UnsupportedConfigError(
-                f"{model_id}: unknown layer type {err.args[0]!r} in config.json layer_types."
+                f"{model_id}: unknown layer type {err.args[0]!r} in config.json's "
+                "layer_types / layers_block_type."
             ) from None
     pattern = cfg.get("hybrid_override_pattern")
     if isinstance(pattern, str) and len(pattern) == layers:  # Nemotron-H

@@ -128,6 +128,20 @@ def param_counts(
     expert_hidden = latent or hidden
     latent_proj = 2 * hidden * latent
     state_params = _state_layer_params(r, hidden)
+    # Gemma 4 / 3n: the attention type of each KV-shared layer (from layer_types), and the
+    # MLP of twice the width those layers have with use_double_wide_mlp.
+    types = r.cfg.get("layer_types")
+    shared_kinds = [
+        "full" if isinstance(types, list) and i < len(types) and types[i] == "full_attention"
+        else "sliding"
+        for i in range(len(kinds))
+    ]  # fmt: skip
+    double_wide = r.flag("use_double_wide_mlp", False)
+    # Per-layer embeddings (Gemma 4 / 3n ``hidden_size_per_layer_input``): a second token
+    # table of that width per layer, its projection from the hidden state, and in every
+    # layer a gate and a projection back (ReplicatedLinear) with a norm.
+    ple = r.integer("hidden_size_per_layer_input", default=0)
+    ple_vocab = r.integer("vocab_size_per_layer_input", default=vocab) if ple else 0
 
     linear: list[int] = []
     experts: list[int] = []
@@ -141,6 +155,12 @@ def param_counts(
             lin += full_attn if kind == "full" else attn
             oth += attn_other
             rep_lin, rep_oth = replicated_attn, replicated_index
+        elif kind == "shared":  # K and V come from an earlier layer: q_proj and o_proj
+            width = full_head_dim if shared_kinds[i] == "full" else head_dim
+            lin += 2 * hidden * heads * width
+            oth += width if attn_other else 0  # q_norm
+            if double_wide:
+                lin += dense_mlp
         elif kind in STATE_KINDS:
             lin += state_params[0]
             oth += state_params[1]
@@ -158,6 +178,10 @@ def param_counts(
         elif has_mlp:
             lin += dense_mlp
             oth += mlp_bias
+        if ple:
+            lin += 2 * hidden * ple
+            rep_lin += 2 * hidden * ple
+            oth += hidden
         if model_type == "nemotron_h":
             oth -= hidden  # one norm per block
         linear.append(lin)
@@ -169,17 +193,47 @@ def param_counts(
     positions = 0
     if offset is not None:
         positions = (r.integer("max_position_embeddings", "n_positions") + offset) * hidden
+    ple_table = ple_vocab * len(kinds) * ple
+    # The projection of the hidden state to every layer's input and its norm.
+    ple_projection = hidden * len(kinds) * ple + ple if ple else 0
     return ParamCounts(
-        embedding=vocab * hidden,
+        embedding=vocab * hidden + ple_table,
         lm_head=0 if tied else vocab * hidden,
         layer_linear=tuple(linear),
         layer_experts=tuple(experts),
         layer_other=tuple(other),
-        final=hidden + positions,
-        vision=vision_params(r, text_hidden=hidden),
+        final=hidden + positions + ple_projection,
+        per_layer_embedding=ple_table,
+        vision=vision_params(r, text_hidden=hidden) + audio_params(r),
         layer_replicated_linear=tuple(replicated_linear),
         layer_replicated_other=tuple(replicated_other),
     )
+
+
+def audio_params(r: ConfigReader) -> int:
+    """Parameters of Gemma 4's audio tower (``audio_config.model_type`` gemma4_audio, a
+    conformer that vLLM builds with transformers' AutoModel): per block two macaron
+    feed-forwards (h x 4h and 4h x h each), attention (q, k, v, out and the relative-position
+    key projection), the light convolution (h x 2h in, h x h out, a depthwise kernel), nine
+    norms and the per-dimension query scale; the subsampling convolutions and their
+    projection ((mel bins / 4) x last channels x h), and the projection to
+    ``output_proj_dims``. Exact against transformers 5.19's Gemma4AudioModel for gemma-4-E4B
+    (304,824,608). 0 for other checkpoints."""
+    a = r.section("audio_config")
+    if a is None or a.text("model_type") != "gemma4_audio":
+        return 0
+    h, layers = a.integer("hidden_size"), a.integer("num_hidden_layers")
+    heads = a.integer("num_attention_heads", default=8)
+    kernel = a.integer("conv_kernel_size", default=5)
+    channels = a.integers("subsampling_conv_channels") or [128, 32]
+    mel = a.integer("input_feat_size", default=128)
+    out = a.integer("output_proj_dims", default=h)
+    block = 24 * h * h + (kernel + 9) * h + h // heads
+    convs, previous = 0, 1
+    for c in channels:
+        convs += 3 * 3 * previous * c + c  # 3 x 3 kernel and its norm
+        previous = c
+    return layers * block + convs + mel // 4 * previous * h + h * out + out
 
 
 def vision_params(r: ConfigReader, *, text_hidden: int) -> int:

@@ -13,7 +13,10 @@ from typing import Final, Literal
 
 from oominfer.base.errors import InvalidSettingError
 
-LayerKind = Literal["full", "sliding", "mamba", "linear_attention", "mlp"]
+LayerKind = Literal["full", "sliding", "mamba", "linear_attention", "mlp", "shared"]
+"""What a layer caches: a full or sliding-window KV cache, a recurrent state, nothing (an
+attention-free "mlp" layer), or nothing of its own ("shared": attention that reads an earlier
+layer's KV cache, Gemma 4's and Gemma 3n's last ``num_kv_shared_layers``)."""
 """What a decoder layer keeps per sequence: a full KV cache, a sliding window of it, a fixed
 recurrent state (Mamba, linear attention), or nothing (MLP-only layers of hybrid models)."""
 
@@ -112,8 +115,12 @@ class ParamCounts:
     final: int
     """Final norm and learned position embeddings."""
     vision: int = 0
-    """The vision tower and its projector (multimodal checkpoints): kept in 16-bit, as
-    quantized checkpoints leave them (``modules_to_not_convert``/``ignore``)."""
+    """The vision tower and its projector (multimodal checkpoints), and an audio tower where
+    the checkpoint has one (Gemma 4's): kept in 16-bit, as quantized checkpoints leave them
+    (``modules_to_not_convert``/``ignore``)."""
+    per_layer_embedding: int = 0
+    """The part of ``embedding`` that is per-layer token tables (Gemma 4 and 3n's
+    ``hidden_size_per_layer_input``): looked up a row a token, never read whole by a step."""
     layer_replicated_linear: tuple[int, ...] = ()
     """Per layer: the part of ``layer_linear`` vLLM keeps whole on every tensor-parallel rank
     (MLA's latent down-projections, ``ReplicatedLinear``/``disable_tp``); () for none."""
@@ -193,6 +200,8 @@ class ModelSpec:
     kv_lora_rank: int | None = None
     qk_rope_head_dim: int | None = None
     qk_nope_head_dim: int | None = None
+    v_head_dim: int | None = None
+    """MLA's value head size (``v_head_dim``; None: ``qk_nope_head_dim``)."""
     indexer_head_dim: int = 0
     """DeepSeek sparse attention (DeepSeek-V3.2, GLM-5: ``index_head_dim``): its indexer
     caches one FP8 key of this size and its scales per token and layer; 0 for none."""

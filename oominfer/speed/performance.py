@@ -128,13 +128,17 @@ def stage(spec: ModelSpec, settings: EngineSettings, b: MemoryBreakdown) -> Stag
     linear_b = linear * per.linear
     rest_b = (p.total - experts - linear) * per.other
     total_b = expert_b + linear_b + rest_b or 1.0
-    # A step reads one embedding row per token, not the table (unless it is the LM head).
-    unread_b = 0 if spec.tie_word_embeddings else p.embedding * per.other
+    # A step reads one embedding row per token, not the table (unless it is the LM head),
+    # and one row of each per-layer table.
+    tables = p.per_layer_embedding
+    unread = tables + (0 if spec.tie_word_embeddings else p.embedding - tables)
+    unread_b = unread * per.other
     expert_bytes = b.weights_bytes * expert_b / total_b
     dense_bytes = b.weights_bytes * (total_b - expert_b - unread_b) / total_b
     share = spec.num_experts_per_tok / spec.num_experts if spec.num_experts else 0.0
-    active = p.total - experts * (1 - share) - (0 if spec.tie_word_embeddings else p.embedding)
+    active = p.total - experts * (1 - share) - unread
     moe_layers = sum(1 for n in p.layer_experts if n)
+    shared = spec.layer_kinds.count("shared")
     # DeepSeek sparse attention: the indexer's key of every layer is read and scored for
     # every cached token, the latent for the top-k only.
     attention_layers = math.ceil(spec.attention_layers / pp)
@@ -157,9 +161,12 @@ def stage(spec: ModelSpec, settings: EngineSettings, b: MemoryBreakdown) -> Stag
         attention_flops_per_context_token=4
         * spec.num_attention_heads
         * spec.head_dim
-        * spec.attention_layers
+        * (spec.attention_layers + shared)
         / (tp * pp),
-        kv_bytes_per_token=b.kv_bytes_per_token,
+        # A KV-shared layer reads its source layer's cache again.
+        kv_bytes_per_token=b.kv_bytes_per_token
+        * (spec.attention_layers + shared)
+        / max(spec.attention_layers, 1),
         state_bytes_per_seq=b.state_bytes_per_seq,
         layers=math.ceil(spec.num_layers / pp),
         moe_layers=math.ceil(moe_layers / pp),
