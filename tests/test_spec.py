@@ -565,6 +565,8 @@ def test_max_len_rope_scaling(rope: dict[str, Any] | None, expected: int) -> Non
 
 # ----------------------------------------------------------------------------------- errors
 
+NAS_BAD_FFN: dict[str, Any] = {"attention": {"n_heads_in_group": 2}, "ffn": {"ffn_mult": "x"}}
+
 ERROR_ROWS = [
     pytest.param(config(num_hidden_layers=None), ["num_hidden_layers"], id="missing-layers"),
     pytest.param(config(hidden_size=None), ["hidden_size"], id="missing-hidden"),
@@ -591,6 +593,16 @@ ERROR_ROWS = [
         config(block_configs=[{"attention": {"no_op": True}, "ffn": {"ffn_mult": 1.0}}] * 3),
         ["block_configs", "one entry per layer"],
         id="nas-blocks-short",
+    ),
+    pytest.param(
+        config(block_configs=[{"attention": {"n_heads_in_group": "8"}, "ffn": {}}] * 4),
+        ["block_configs[0].attention.n_heads_in_group", "'8'"],
+        id="nas-group-not-a-count",
+    ),
+    pytest.param(
+        config(block_configs=[NAS_BAD_FFN] * 4),
+        ["block_configs[0].ffn.ffn_mult"],
+        id="nas-ffn-not-a-number",
     ),
     pytest.param(
         config(block_configs=["layer"] * 4),

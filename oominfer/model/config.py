@@ -256,15 +256,24 @@ def _nas_blocks(r: ConfigReader, hidden: int) -> list[tuple[int, int]] | None:
         ffn = block.get("ffn") if isinstance(block, dict) else None
         if not isinstance(attention, dict) or not isinstance(ffn, dict):
             raise r.invalid(f"block_configs[{i}]", block, "an object with attention and ffn")
-        group = 0 if attention.get("no_op") else int(attention.get("n_heads_in_group") or 0)
-        if not attention.get("no_op") and group <= 0:
+        group = 0 if attention.get("no_op") else attention.get("n_heads_in_group")
+        if (
+            not isinstance(group, int)
+            or isinstance(group, bool)
+            or group < 0
+            or (group == 0 and not attention.get("no_op"))
+        ):
             raise r.invalid(f"block_configs[{i}].attention.n_heads_in_group", group, "a count")
+        mult, size = ffn.get("ffn_mult"), ffn.get("intermediate_size")
         width = 0
-        if not ffn.get("no_op"):
-            if ffn.get("ffn_mult") is not None:
-                width = -(-int(2 * float(ffn["ffn_mult"]) * hidden / 3) // 256) * 256
-            else:
-                width = int(ffn.get("intermediate_size") or 0)
+        if ffn.get("no_op"):
+            pass
+        elif isinstance(mult, int | float) and not isinstance(mult, bool) and mult >= 0:
+            width = -(-int(2 * mult * hidden / 3) // 256) * 256
+        elif isinstance(size, int) and not isinstance(size, bool) and size >= 0:
+            width = size
+        else:
+            raise r.invalid(f"block_configs[{i}].ffn.ffn_mult", mult, "a non-negative number")
         out.append((group, width))
     if len(out) != r.integer("num_hidden_layers", "n_layer", "num_layers", "n_layers"):
         raise r.invalid("block_configs", len(out), "one entry per layer")
