@@ -138,6 +138,19 @@ def test_kv_per_token_deepseek_v32_adds_the_indexer_key(kv_dtype: str, per_layer
     assert b.kv_bytes_per_token == 61 * per_layer
 
 
+@pytest.mark.parametrize(("release", "per_layer"), [("0.17", 656 + 132), ("0.20", 576 + 132)])
+def test_kv_per_token_deepseek_v32_fp8_on_blackwell(release: str, per_layer: int) -> None:
+    """On Blackwell an FP8 cache of sparse attention runs FlashInfer's sparse MLA from 0.18
+    (vLLM PR #37252), which stores the latent in plain FP8 (576 bytes), not FlashMLA's
+    656-byte fp8_ds_mla; Hopper keeps FlashMLA's."""
+    b200 = find_gpu("B200")
+    b = estimate(_deepseek_v32(), hardware=Hardware(gpu=b200, count=8),
+                 settings=EngineSettings(max_model_len=8192, tensor_parallel_size=8,
+                                         kv_cache_dtype="fp8"),
+                 version=EngineVersion.parse(release))  # fmt: skip
+    assert b.kv_bytes_per_token == 61 * per_layer
+
+
 def test_kv_per_token_glm5_matches_its_published_log() -> None:
     """GLM-5.1-FP8 at TP 8 on H200s (a public vLLM 0.19.1 log): 32.06 GiB held 343,744
     tokens, 100,143 bytes a token within the GiB figure's rounding. GLM-5 is DeepSeek-V3's

@@ -153,9 +153,12 @@ def estimate(
     )
     replicated = stage_replicated_bytes(spec, dtype=dtype, quantization=s.quantization, pp=pp)
     ranges = pp_layer_ranges(spec.num_layers, pp)
-    per_layer = kv_bytes_per_token_layer(spec, kv_bytes=kv_elem, tp=tp, version=version)
+    plain_fp8 = gpu.compute_capability[0] == 10 and version.blackwell_sparse_mla_fp8
+    per_layer = kv_bytes_per_token_layer(
+        spec, kv_bytes=kv_elem, tp=tp, version=version, plain_fp8_latent=plain_fp8
+    )
     per_full_layer = kv_bytes_per_token_layer(
-        spec, kv_bytes=kv_elem, tp=tp, version=version, full=True
+        spec, kv_bytes=kv_elem, tp=tp, version=version, full=True, plain_fp8_latent=plain_fp8
     )
 
     def kv_per_token(kinds: tuple[LayerKind, ...]) -> int:

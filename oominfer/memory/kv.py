@@ -11,7 +11,13 @@ from oominfer.rules.versions import EngineVersion
 
 
 def kv_bytes_per_token_layer(
-    spec: ModelSpec, *, kv_bytes: int, tp: int, version: EngineVersion, full: bool = False
+    spec: ModelSpec,
+    *,
+    kv_bytes: int,
+    tp: int,
+    version: EngineVersion,
+    full: bool = False,
+    plain_fp8_latent: bool = False,
 ) -> int:
     """KV-cache bytes one token takes in one attention layer on one GPU (a full-attention
     one with ``full``: Gemma 4's differ from its sliding-window ones, ``ModelSpec.kv_width``).
@@ -23,7 +29,9 @@ def kv_bytes_per_token_layer(
     every rank (vllm MLAAttentionSpec: num_kv_heads=1). DeepSeek sparse attention
     (DeepSeek-V3.2, GLM-5) adds its indexer's key, FP8 with an fp32 scale per 128
     (``DeepseekV32IndexerCache``: 132 bytes), and stores an FP8 latent as ``fp8_ds_mla``: the
-    latent in FP8 with an fp32 scale per 128, the rotary part in 16 bits (656 bytes).
+    latent in FP8 with an fp32 scale per 128, the rotary part in 16 bits (656 bytes), unless
+    ``plain_fp8_latent`` (FlashInfer's sparse MLA on Blackwell: 576 bytes,
+    ``EngineVersion.blackwell_sparse_mla_fp8``).
     """
     if spec.is_mla:
         assert spec.kv_lora_rank is not None and spec.qk_rope_head_dim is not None
@@ -34,7 +42,7 @@ def kv_bytes_per_token_layer(
         latent = (spec.kv_lora_rank + spec.qk_rope_head_dim) * kv_bytes
         if not spec.indexer_head_dim:
             return latent
-        if kv_bytes == 1:
+        if kv_bytes == 1 and not plain_fp8_latent:
             latent = spec.kv_lora_rank + spec.kv_lora_rank // 128 * 4 + spec.qk_rope_head_dim * 2
         return latent + indexer_key_bytes(spec)
     kv_heads, head_dim = spec.kv_width("full" if full else "sliding")

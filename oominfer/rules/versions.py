@@ -84,6 +84,11 @@ class EngineVersion:
     model dtype; the V1 runner's also makes fp32 logits, probabilities and noise."""
     mla_latent: bool
     """MLA models cache the compressed latent (0.7+); before, K and V were expanded."""
+    blackwell_sparse_mla_fp8: bool = False
+    """DeepSeek sparse attention with an FP8 cache on Blackwell (compute capability 10.x)
+    runs FlashInfer's sparse MLA, which stores the latent in plain FP8 (576 bytes), where
+    FlashMLA's sparse kernels (Hopper, and Blackwell before) store ``fp8_ds_mla`` (656 bytes):
+    0.18+, vLLM PR #37252 of 2026-03-17 (platforms/cuda.py ``_get_backend_priorities``)."""
     always_chunked_prefill: bool
     """V1 always chunks prefill; V0 did only past 32k tokens of context, and otherwise
     profiled a forward pass over max(max_model_len, max_num_batched_tokens) tokens."""
@@ -171,6 +176,7 @@ class EngineVersion:
             graphs_in_budget=release >= (0, 20),
             model_runner_v2=release >= (0, 32),
             mla_latent=release >= (0, 7),
+            blackwell_sparse_mla_fp8=release >= (0, 18),
             always_chunked_prefill=v1,
             encoder_outputs_padded=(
                 "budget" if release == (0, 11) else "item" if release == (0, 12) else None
