@@ -258,6 +258,21 @@ def test_latent_moe_experts_work_in_the_latent_width() -> None:
     assert 119e9 < spec.params.total < 122e9  # "120B total, 12B active"
 
 
+def test_llama4_dense_layers_take_intermediate_size_mlp() -> None:
+    """Llama 4 Maverick interleaves dense and MoE layers (interleave_moe_layer_step 2); vLLM
+    builds the dense ones at intermediate_size_mlp (16,384), the experts and the shared expert
+    at intermediate_size (8,192). Scout's config with Maverick's interleave: 24 dense layers
+    of 3 x 5,120 x 16,384, not 8,192."""
+    entry = catalog_entry("meta-llama/Llama-4-Scout-17B-16E-Instruct")
+    assert entry is not None
+    text = {**entry.config["text_config"], "interleave_moe_layer_step": 2}
+    assert text["intermediate_size_mlp"] == 16384 and text["intermediate_size"] == 8192
+    wide = spec_from_config({**entry.config, "text_config": text}, model_id="maverick-shape")
+    narrow_text = {**text, "intermediate_size_mlp": 8192}
+    narrow = spec_from_config({**entry.config, "text_config": narrow_text}, model_id="m")
+    assert wide.params.total - narrow.params.total == 24 * 3 * 5120 * (16384 - 8192)
+
+
 def test_nemotron_h_layers_block_type_reads_as_the_pattern() -> None:
     """Nemotron 3's later configs (transformers 5) list layers_block_type ("mamba", "moe",
     "attention", "mlp") instead of hybrid_override_pattern, some without num_hidden_layers

@@ -110,7 +110,8 @@ def param_counts(
         if r.flag("qk_norm", False) or model_type.startswith(("qwen3", "gemma3", "olmo2")):
             attn_other += 2 * head_dim
     norms_per_layer = 4 if model_type in ("gemma2", "gemma3", "gemma3_text") else 2
-    dense_mlp = mlp_mats * hidden * inter
+    # Llama 4's dense layers (between its MoE layers) have their own width.
+    dense_mlp = mlp_mats * hidden * r.integer("intermediate_size_mlp", default=inter)
     mlp_bias = (inter + hidden) if model_type in UNGATED_MLP and r.flag("mlp_bias", True) else 0
 
     dense_layers = _dense_layers(r, len(kinds), n_experts)
