@@ -10,6 +10,7 @@ import pytest
 from _pure_fixtures import offline_hub  # noqa: F401 - autouse fixture
 
 from oominfer.base.errors import UnsupportedConfigError
+from oominfer.hardware.gpu import find_gpu
 from oominfer.hardware.hardware import Hardware
 from oominfer.memory.estimate import estimate
 from oominfer.model.catalog import catalog_entry, catalog_ids
@@ -256,6 +257,25 @@ def test_latent_moe_experts_work_in_the_latent_width() -> None:
     assert sum(spec.params.layer_experts) == moe_layers * 512 * 2 * 1024 * 2688
     assert sum(spec.params.layer_replicated_linear) == moe_layers * 2 * 4096 * 1024
     assert 119e9 < spec.params.total < 122e9  # "120B total, 12B active"
+
+
+def test_mimo_v2_flash_per_layer_attention_and_moe() -> None:
+    """MiMo-V2-Flash: hybrid_layer_pattern marks 39 sliding-window layers (1) and 9 full
+    ones (0); the sliding ones have 8 KV heads, the full ones 4; values are 128 wide beside
+    192-wide queries and keys (vLLM's head_size_v); moe_layer_freq lists one dense layer.
+    309B parameters on its card (315.7B counted before, with V, o_proj and every layer's
+    MLP at the wrong width); at TP 8 a token takes one head of 192 + 128 a layer."""
+    config = json.loads((CONFIGS / "XiaomiMiMo__MiMo-V2-Flash.json").read_text())
+    spec = spec_from_config(config, model_id="mimo-v2-flash")
+    assert spec.layer_kinds.count("sliding") == 39 and spec.layer_kinds.count("full") == 9
+    assert spec.kv_width("sliding") == (8, 192) and spec.kv_width("full") == (4, 192)
+    assert spec.v_head_dim == 128
+    assert sum(1 for n in spec.params.layer_experts if n) == 47
+    assert spec.params.total == pytest.approx(309e9, rel=0.003)
+    b = estimate(spec, hardware=Hardware(gpu=find_gpu("H200"), count=8),
+                 settings=EngineSettings(max_model_len=8192, tensor_parallel_size=8),
+                 version=CURRENT_VLLM)  # fmt: skip
+    assert b.kv_bytes_per_token == 48 * (192 + 128) * 2
 
 
 def test_llama4_dense_layers_take_intermediate_size_mlp() -> None:

@@ -47,7 +47,8 @@ def kv_bytes_per_token_layer(
         return latent + indexer_key_bytes(spec)
     kv_heads, head_dim = spec.kv_width("full" if full else "sliding")
     heads = max(1, kv_heads // tp)
-    return 2 * heads * head_dim * kv_bytes
+    # V may be narrower than K (MiMo-V2: 128 beside 192; vLLM's head_size_v).
+    return heads * (head_dim + (spec.v_head_dim or head_dim)) * kv_bytes
 
 
 def indexer_key_bytes(spec: ModelSpec) -> int:

@@ -149,6 +149,11 @@ def _parse(raw: Mapping[str, Any], *, model_id: str, checkpoint: Checkpoint, src
     # Gemma 4's full-attention layers: their own KV heads and head size.
     full_kv_heads = r.integer("num_global_key_value_heads", default=0)
     full_head_dim = r.integer("global_head_dim", default=0)
+    swa_kv_heads = r.integer("swa_num_key_value_heads", default=0)
+    if swa_kv_heads and "sliding" in kinds:
+        # MiMo-V2: its sliding-window layers have their own KV heads; the config's are the
+        # full-attention layers'.
+        full_kv_heads, kv_heads = kv_heads, swa_kv_heads
     quant = _quant_spec(r.section("quantization_config"), model_id)
 
     kv_lora = r.opt_integer("kv_lora_rank")
@@ -196,7 +201,7 @@ def _parse(raw: Mapping[str, Any], *, model_id: str, checkpoint: Checkpoint, src
         kv_lora_rank=kv_lora,
         qk_rope_head_dim=rope_dim,
         qk_nope_head_dim=r.opt_integer("qk_nope_head_dim") if kv_lora is not None else None,
-        v_head_dim=r.opt_integer("v_head_dim") if kv_lora is not None else None,
+        v_head_dim=r.opt_integer("v_head_dim"),
         **_sparse_attention(r, latent=kv_lora is not None),
         num_experts=n_experts,
         num_experts_per_tok=r.integer("num_experts_per_tok", "experts_per_token", default=0),
@@ -372,6 +377,9 @@ def _layer_kinds(r: ConfigReader, layers: int) -> tuple[LayerKind, ...]:
                 f"{model_id}: unknown layer type {err.args[0]!r} in config.json's "
                 "layer_types / layers_block_type."
             ) from None
+    hybrid = cfg.get("hybrid_layer_pattern")
+    if isinstance(hybrid, list) and len(hybrid) == layers:  # MiMo-V2: 1 sliding, 0 full
+        return tuple("sliding" if kind == 1 else "full" for kind in hybrid)
     pattern = cfg.get("hybrid_override_pattern")
     if isinstance(pattern, str) and len(pattern) == layers:  # Nemotron-H
         symbols: dict[str, LayerKind] = {"M": "mamba", "*": "full", "-": "mlp", "E": "mlp"}

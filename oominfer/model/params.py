@@ -96,14 +96,24 @@ def param_counts(
             replicated_index = 0
         full_attn = attn
     else:
-        attn = hidden * (heads + 2 * kv_heads) * head_dim + heads * head_dim * hidden
+        # Values may be narrower than queries and keys (MiMo-V2-Flash: v_head_dim 128 beside
+        # 192): v_proj and o_proj at that width.
+        v_dim = r.integer("v_head_dim", default=0)
+        v_of = {head_dim: v_dim or head_dim, full_head_dim: v_dim or full_head_dim}
+        attn = (
+            hidden * (heads + kv_heads) * head_dim
+            + hidden * kv_heads * v_of[head_dim]
+            + heads * v_of[head_dim] * hidden
+        )
         # Qwen3-Next and Qwen3.5 gate the full-attention output: q_proj projects a gate
         # beside each query head (vLLM's qkv_proj: heads x (1 + attn_output_gate), the
         # flag on unless config.json turns it off).
         gated_out = r.flag("attn_output_gate", model_type.startswith(("qwen3_next", "qwen3_5")))
         q_heads = heads * (2 if gated_out else 1)
         full_attn = (
-            hidden * (q_heads + 2 * full_kv_heads) * full_head_dim + heads * full_head_dim * hidden
+            hidden * (q_heads + full_kv_heads) * full_head_dim
+            + hidden * full_kv_heads * v_of[full_head_dim]
+            + heads * v_of[full_head_dim] * hidden
         )
         attn_other = (heads + 2 * kv_heads) * head_dim if biased else 0
         replicated_attn = replicated_index = 0
@@ -341,6 +351,9 @@ def _dense_layers(r: ConfigReader, layers: int, n_experts: int) -> set[int]:
         return set(range(layers))
     dense = set(range(r.integer("first_k_dense_replace", default=0)))
     dense |= set(r.integers("mlp_only_layers"))
+    freq = r.cfg.get("moe_layer_freq")
+    if isinstance(freq, list) and len(freq) == layers:  # MiMo-V2: 0 dense, 1 MoE, per layer
+        dense |= {i for i, moe in enumerate(freq) if not moe}
     step = (
         r.integer("decoder_sparse_step", default=0)
         or r.integer("interleave_moe_layer_step", default=0)
