@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -164,6 +166,29 @@ def test_kv_per_token_glm5_matches_its_published_log() -> None:
     b = run(glm5, H200, gpus=8, max_model_len=8192, tensor_parallel_size=8)
     assert b.kv_bytes_per_token == 78 * (1152 + 132)
     assert 343_744 * b.kv_bytes_per_token / GiB == pytest.approx(32.06, abs=0.005)
+
+
+def test_kv_per_token_glm52_shares_indexers_and_matches_its_published_log() -> None:
+    """GLM-5.2: only 21 of its 78 layers have an indexer of their own (``indexer_types``),
+    the rest reuse one and cache no indexer key. A public vLLM 0.26 log (GLM-5.2-NVFP4, TP 4
+    with expert parallelism, an FP8 cache on Blackwell, FLASHINFER_MLA_SPARSE) held 1,139,456
+    tokens in 50.62 GiB: 47,700.7 bytes a token = 78 x 576 (plain FP8 latent) + 21 x 132."""
+    config = json.loads(
+        (Path(__file__).parent / "data" / "configs" / "zai-org__GLM-5.2-FP8.json").read_text()
+    )
+    glm = spec_from_config(config, model_id="glm-5.2")
+    assert len(glm.indexer_shared_layers) == 57
+    b = estimate(glm, hardware=Hardware(gpu=find_gpu("B200"), count=4),
+                 settings=EngineSettings(max_model_len=8192, tensor_parallel_size=4,
+                                         enable_expert_parallel=True, kv_cache_dtype="fp8"),
+                 version=EngineVersion.parse("0.26"))  # fmt: skip
+    assert b.kv_bytes_per_token == 78 * 576 + 21 * 132
+    assert 1_139_456 * b.kv_bytes_per_token / GiB == pytest.approx(50.62, abs=0.005)
+    # The layers that reuse an indexer carry none of its weights.
+    own = spec_from_config({**config, "indexer_types": None}, model_id="glm-5.2-all")
+    assert own.params.total - glm.params.total == 57 * (
+        2048 * 32 * 128 + 6144 * (128 + 32) + 2 * 128
+    )
 
 
 def test_mla_latent_projections_and_routers_are_whole_on_every_rank() -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 
 from oominfer.base.errors import InvalidSettingError
 from oominfer.base.units import GiB
@@ -43,6 +44,7 @@ from oominfer.memory.additions import (
 from oominfer.memory.breakdown import MemoryBreakdown
 from oominfer.memory.dtypes import dtype_bytes, kv_dtype_bytes
 from oominfer.memory.kv import (
+    indexer_key_bytes,
     kv_bytes_per_token_layer,
     kv_layout,
     longest,
@@ -72,7 +74,7 @@ from oominfer.memory.weights import (
     stage_weights,
     weight_rounding_bytes,
 )
-from oominfer.model.spec import ATTENTION_KINDS, STATE_KINDS, LayerKind, ModelSpec
+from oominfer.model.spec import ATTENTION_KINDS, STATE_KINDS, ModelSpec
 from oominfer.rules import kv_cache as kv_cache_rules
 from oominfer.rules import quantization as quantization_rules
 from oominfer.rules import speculative as speculative_rules
@@ -161,10 +163,17 @@ def estimate(
         spec, kv_bytes=kv_elem, tp=tp, version=version, full=True, plain_fp8_latent=plain_fp8
     )
 
-    def kv_per_token(kinds: tuple[LayerKind, ...]) -> int:
-        """Bytes a token takes in the attention layers of ``kinds``."""
+    shared_indexer = set(spec.indexer_shared_layers)
+
+    def kv_per_token(layers: Sequence[int]) -> int:
+        """Bytes a token takes in the attention layers among ``layers`` (less the indexer
+        key of those that reuse an earlier layer's indexer)."""
+        kinds = spec.layer_kinds
         return sum(
-            per_full_layer if k == "full" else per_layer for k in kinds if k in ATTENTION_KINDS
+            (per_full_layer if kinds[i] == "full" else per_layer)
+            - (indexer_key_bytes(spec) if i in shared_indexer else 0)
+            for i in layers
+            if kinds[i] in ATTENTION_KINDS
         )
 
     state_dtype = dtype_bytes(spec.state_dtype) if spec.state_dtype else elem
@@ -185,7 +194,7 @@ def estimate(
             weights=max(0, sum(stages) // tp - offload)
             + unquantized_expert_bytes(spec, dtype=dtype, quantization=s.quantization) // tp
             + kept,
-            per_token=kv_per_token(spec.layer_kinds),
+            per_token=kv_per_token(range(spec.num_layers)),
             state_per_seq=state_layer * spec.state_layers,
             seqs=seqs,
             max_len=max_len,
@@ -379,7 +388,7 @@ def estimate(
             non_torch_bytes=non_torch,
             cuda_graph_bytes=graphs,
             kv_cache_bytes=kv_cache,
-            kv_bytes_per_token=kv_per_token(kinds) + added.speculative_kv_bytes_per_token,
+            kv_bytes_per_token=kv_per_token(layers) + added.speculative_kv_bytes_per_token,
             state_bytes_per_seq=state_layer * sum(1 for k in kinds if k in STATE_KINDS),
             block_size=layout.block_size if layout else 0,
             kv_cache_tokens=tokens,

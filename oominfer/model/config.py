@@ -161,6 +161,7 @@ def _parse(raw: Mapping[str, Any], *, model_id: str, checkpoint: Checkpoint, src
 
     moe_inter = r.integer("moe_intermediate_size", default=inter) if n_experts else 0
 
+    sparse = _sparse_attention(r, latent=kv_lora is not None)
     params = param_counts(
         r,
         kinds=kinds,
@@ -173,6 +174,7 @@ def _parse(raw: Mapping[str, Any], *, model_id: str, checkpoint: Checkpoint, src
         full_head_dim=full_head_dim or head_dim,
         inter=inter,
         layer_inter=tuple(width for _, width in nas) if nas is not None else None,
+        shared_indexer=frozenset(sparse["indexer_shared_layers"]),
         vocab=vocab,
         tied=tied,
         n_experts=n_experts,
@@ -202,7 +204,7 @@ def _parse(raw: Mapping[str, Any], *, model_id: str, checkpoint: Checkpoint, src
         qk_rope_head_dim=rope_dim,
         qk_nope_head_dim=r.opt_integer("qk_nope_head_dim") if kv_lora is not None else None,
         v_head_dim=r.opt_integer("v_head_dim"),
-        **_sparse_attention(r, latent=kv_lora is not None),
+        **sparse,
         num_experts=n_experts,
         num_experts_per_tok=r.integer("num_experts_per_tok", "experts_per_token", default=0),
         moe_intermediate_size=moe_inter,
@@ -244,6 +246,7 @@ class _Indexer(TypedDict):
     indexer_head_dim: int
     indexer_heads: int
     indexer_topk: int
+    indexer_shared_layers: tuple[int, ...]
 
 
 def _nas_blocks(r: ConfigReader, hidden: int) -> list[tuple[int, int]] | None:
@@ -288,13 +291,21 @@ def _nas_blocks(r: ConfigReader, hidden: int) -> list[tuple[int, int]] | None:
 def _sparse_attention(r: ConfigReader, *, latent: bool) -> _Indexer:
     """DeepSeek sparse attention's indexer (DeepSeek-V3.2, GLM-5), read only beside a
     ``latent`` (MLA) layout: its key width, heads and the top-k tokens each query attends
-    to; 0 each without one."""
+    to, 0 each without one; and the layers that reuse an earlier layer's indexer (GLM-5.2's
+    ``indexer_types``: 57 of 78 "shared")."""
     if not latent:
-        return _Indexer(indexer_head_dim=0, indexer_heads=0, indexer_topk=0)
+        return _Indexer(
+            indexer_head_dim=0, indexer_heads=0, indexer_topk=0, indexer_shared_layers=()
+        )
+    types = r.cfg.get("indexer_types")
+    shared: tuple[int, ...] = ()
+    if isinstance(types, list):
+        shared = tuple(i for i, t in enumerate(types) if t == "shared")
     return _Indexer(
         indexer_head_dim=r.integer("index_head_dim", default=0),
         indexer_heads=r.integer("index_n_heads", default=0),
         indexer_topk=r.integer("index_topk", default=0),
+        indexer_shared_layers=shared,
     )
 
 

@@ -51,6 +51,7 @@ def param_counts(
     n_experts: int,
     moe_inter: int,
     layer_inter: tuple[int, ...] | None = None,
+    shared_indexer: frozenset[int] = frozenset(),
 ) -> ParamCounts:
     """Parameters by role, layer by layer, from the architecture alone.
 
@@ -58,7 +59,8 @@ def param_counts(
     (``full_kv_heads``, ``full_head_dim``); where they share K and V (``attention_k_eq_v``)
     the checkpoint has no v_proj, but vLLM's fused QKV keeps a V slot it loads K into: it is
     counted. Its MoE layers run a dense MLP beside the experts, as a shared expert.
-    ``layer_inter``: each layer's own MLP width where they differ (Nemotron-NAS)."""
+    ``layer_inter``: each layer's own MLP width where they differ (Nemotron-NAS);
+    ``shared_indexer``: latent-attention layers without an indexer of their own (GLM-5.2)."""
     gated = model_type not in UNGATED_MLP
     mlp_mats = 3 if gated else 2
     biased = r.flag("attention_bias", False) or model_type in ("qwen2", "qwen2_moe", "qwen")
@@ -84,12 +86,13 @@ def param_counts(
         replicated_attn = hidden * ((q_rank or 0) + kv_rank + rope)
         index_heads = r.integer("index_n_heads", default=0)
         index_dim = r.integer("index_head_dim", default=0)
+        index_lin = (q_rank or hidden) * index_heads * index_dim if index_dim else 0
         if index_heads and index_dim:
             # DeepSeek sparse attention's indexer, replicated: wq_b from the query latent
             # (quantized with the layer), the key and head-weight projections fused in 16
             # bits (wk_weights_proj), and the key's LayerNorm.
-            attn += (q_rank or hidden) * index_heads * index_dim
-            replicated_attn += (q_rank or hidden) * index_heads * index_dim
+            attn += index_lin
+            replicated_attn += index_lin
             replicated_index = hidden * (index_dim + index_heads) + 2 * index_dim
             attn_other += replicated_index
         else:
@@ -100,6 +103,7 @@ def param_counts(
         # 192): v_proj and o_proj at that width.
         v_dim = r.integer("v_head_dim", default=0)
         v_of = {head_dim: v_dim or head_dim, full_head_dim: v_dim or full_head_dim}
+        index_lin = 0
         attn = (
             hidden * (heads + kv_heads) * head_dim
             + hidden * kv_heads * v_of[head_dim]
@@ -166,6 +170,9 @@ def param_counts(
             lin += full_attn if kind == "full" else attn
             oth += attn_other
             rep_lin, rep_oth = replicated_attn, replicated_index
+            if i in shared_indexer:  # GLM-5.2: reuses an earlier layer's indexer
+                lin, rep_lin = lin - index_lin, rep_lin - index_lin
+                oth, rep_oth = oth - replicated_index, 0
         elif kind == "shared":  # K and V come from an earlier layer: q_proj and o_proj
             width = full_head_dim if shared_kinds[i] == "full" else head_dim
             lin += 2 * hidden * heads * width

@@ -209,6 +209,9 @@ class ModelSpec:
     """The indexer's heads (``index_n_heads``): it scores every cached token with each."""
     indexer_topk: int = 0
     """Tokens each query attends to (``index_topk``): the latent is read for these only."""
+    indexer_shared_layers: tuple[int, ...] = ()
+    """Layers that reuse an earlier layer's indexer (GLM-5.2's ``indexer_types`` "shared"):
+    no indexer weights of their own and no indexer key cached."""
     # MoE
     num_experts: int = 0
     num_experts_per_tok: int = 0

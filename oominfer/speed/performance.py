@@ -141,10 +141,10 @@ def stage(spec: ModelSpec, settings: EngineSettings, b: MemoryBreakdown) -> Stag
     shared = spec.layer_kinds.count("shared")
     # DeepSeek sparse attention: the indexer's key of every layer is read and scored for
     # every cached token, the latent for the top-k only.
-    attention_layers = math.ceil(spec.attention_layers / pp)
+    indexers = math.ceil((spec.attention_layers - len(spec.indexer_shared_layers)) / pp)
     topk = spec.indexer_topk if spec.indexer_head_dim else 0
-    latent = b.kv_bytes_per_token - attention_layers * indexer_key_bytes(spec) if topk else 0
-    scoring = 2 * spec.indexer_heads * spec.indexer_head_dim * attention_layers if topk else 0
+    latent = b.kv_bytes_per_token - indexers * indexer_key_bytes(spec) if topk else 0
+    scoring = 2 * spec.indexer_heads * spec.indexer_head_dim * indexers if topk else 0
     return Stage(
         dense_bytes=dense_bytes,
         expert_bytes=expert_bytes,
