@@ -168,6 +168,24 @@ def test_kv_per_token_glm5_matches_its_published_log() -> None:
     assert 343_744 * b.kv_bytes_per_token / GiB == pytest.approx(32.06, abs=0.005)
 
 
+@pytest.mark.parametrize(
+    ("release", "kv_cache_dtype", "per_layer"),
+    [("0.13", "auto", 4096), ("0.14", "auto", 2048), ("0.14", "bfloat16", 4096)],
+)
+def test_a_modelopt_checkpoint_names_its_fp8_kv_cache(
+    release: str, kv_cache_dtype: str, per_layer: int
+) -> None:
+    """nvidia/Llama-3.1-70B-Instruct-FP8's hf_quant_config.json names kv_cache_quant_algo
+    FP8: from 0.14 (vLLM PR #30785) --kv-cache-dtype auto takes it, 2 x 8 x 128 x 1 byte a
+    layer, where 0.13 cached in bf16; a dtype given on the command line still wins."""
+    llama = spec("nvidia/Llama-3.1-70B-Instruct-FP8")
+    assert llama.quantization is not None and llama.quantization.kv_cache_fp8
+    b = estimate(llama, hardware=Hardware(gpu=find_gpu("H100")),
+                 settings=EngineSettings(max_model_len=8192, kv_cache_dtype=kv_cache_dtype),
+                 version=EngineVersion.parse(release))  # fmt: skip
+    assert b.kv_bytes_per_token == 80 * per_layer
+
+
 def test_kv_per_token_glm52_shares_indexers_and_matches_its_published_log() -> None:
     """GLM-5.2: only 21 of its 78 layers have an indexer of their own (``indexer_types``),
     the rest reuse one and cache no indexer key. A public vLLM 0.26 log (GLM-5.2-NVFP4, TP 4

@@ -92,6 +92,25 @@ from oominfer.rules.versions import EngineVersion
 from oominfer.settings import Engine, EngineSettings, flag
 
 
+def resolved_kv_cache_dtype(
+    spec: ModelSpec, s: EngineSettings, version: EngineVersion, engine: Engine
+) -> str:
+    """The KV cache's dtype vLLM runs: the one asked for, except that ``auto``
+    takes a ModelOpt checkpoint's FP8 cache from 0.14 (``EngineVersion.checkpoint_kv_cache``)
+    where the checkpoint's own quantization is served."""
+    fmt = spec.quantization
+    if (
+        s.kv_cache_dtype == "auto"
+        and engine == "vllm"
+        and version.checkpoint_kv_cache
+        and fmt is not None
+        and fmt.kv_cache_fp8
+        and s.quantization in (None, fmt.method)
+    ):
+        return "fp8"
+    return s.kv_cache_dtype
+
+
 def estimate(
     spec: ModelSpec,
     *,
@@ -140,7 +159,7 @@ def estimate(
         if quant_refused:
             why, hint = quant_refused
             raise InvalidSettingError(f"vLLM cannot load {spec.model_id} here: {why}.", hint=hint)
-    kv_elem = kv_dtype_bytes(s.kv_cache_dtype, dtype)
+    kv_elem = kv_dtype_bytes(resolved_kv_cache_dtype(spec, s, version, engine), dtype)
     max_len = spec.context(s.max_model_len)
     default_tokens, default_seqs = vllm_defaults(
         hardware, world_size=s.model_world_size, version=version

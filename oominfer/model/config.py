@@ -518,9 +518,16 @@ def _quant_spec(qc: ConfigReader | None, model_id: str) -> QuantSpec | None:
             return _compressed_tensors(qc)
         case "modelopt":
             algo = qc.text("quant_algo", "FP8").upper()
+            kv_algo = qc.cfg.get("kv_cache_quant_algo") or qc.cfg.get("kv_cache_scheme")
+            # vLLM's get_kv_cache_quant_algo_string: "FP8", or a scheme of 8-bit floats.
+            kv_fp8 = (isinstance(kv_algo, str) and kv_algo.upper().startswith("FP8")) or (
+                isinstance(kv_algo, dict)
+                and kv_algo.get("num_bits") == 8
+                and kv_algo.get("type") == "float"
+            )
             if "FP4" in algo:
-                return QuantSpec(method="modelopt_fp4", bits=4.5)
-            return QuantSpec(method="modelopt", bits=8)
+                return QuantSpec(method="modelopt_fp4", bits=4.5, kv_cache_fp8=kv_fp8)
+            return QuantSpec(method="modelopt", bits=8, kv_cache_fp8=kv_fp8)
         case "":
             raise UnsupportedConfigError(f"{model_id}: quantization_config has no quant_method.")
         case _:

@@ -55,6 +55,9 @@ class QuantSpec:
     """GPTQ group activation ordering (act-order), which vLLM 0.32/0.33 no longer runs."""
     symmetric: bool = True
     """Symmetric integer quantization (GPTQ's ``sym``); vLLM runs 4-bit GPTQ symmetric only."""
+    kv_cache_fp8: bool = False
+    """A ModelOpt checkpoint that names an FP8 KV cache (``kv_cache_quant_algo``): vLLM
+    resolves a KV cache dtype of ``auto`` to it (``EngineVersion.checkpoint_kv_cache``)."""
 
     @property
     def bytes_per_param(self) -> float:

@@ -84,6 +84,10 @@ class EngineVersion:
     model dtype; the V1 runner's also makes fp32 logits, probabilities and noise."""
     mla_latent: bool
     """MLA models cache the compressed latent (0.7+); before, K and V were expanded."""
+    checkpoint_kv_cache: bool = False
+    """A KV cache dtype of ``auto`` takes a ModelOpt checkpoint's FP8 KV cache
+    (``kv_cache_quant_algo``) instead of the model's dtype: 0.14+, vLLM PR #30785 of
+    2025-12-16 (engine/arg_utils.py ``resolve_kv_cache_dtype_string``)."""
     blackwell_sparse_mla_fp8: bool = False
     """DeepSeek sparse attention with an FP8 cache on Blackwell (compute capability 10.x)
     runs FlashInfer's sparse MLA, which stores the latent in plain FP8 (576 bytes), where
@@ -177,6 +181,7 @@ class EngineVersion:
             model_runner_v2=release >= (0, 32),
             mla_latent=release >= (0, 7),
             blackwell_sparse_mla_fp8=release >= (0, 18),
+            checkpoint_kv_cache=release >= (0, 14),
             always_chunked_prefill=v1,
             encoder_outputs_padded=(
                 "budget" if release == (0, 11) else "item" if release == (0, 12) else None

@@ -155,7 +155,8 @@ class EngineSettings:
         not_for_vllm=TRANSFORMERS_ONLY,
     )  # fmt: skip
     kv_cache_dtype: KvCacheDtype = setting(
-        "auto", "KV-cache element type; auto: the model's dtype, fp8: half the bytes per token.",
+        "auto", "KV-cache element type; auto: the model's dtype (from vLLM 0.14, FP8 where a "
+        "ModelOpt checkpoint names it), fp8: half the bytes per token.",
         engines=("vllm",),
     )  # fmt: skip
     gpu_memory_utilization: float = setting(
