@@ -183,6 +183,7 @@ def estimate(
     )
 
     shared_indexer = set(spec.indexer_shared_layers)
+    indexer_key = indexer_key_bytes(spec)
 
     def kv_per_token(layers: Sequence[int]) -> int:
         """Bytes a token takes in the attention layers among ``layers`` (less the indexer
@@ -190,7 +191,7 @@ def estimate(
         kinds = spec.layer_kinds
         return sum(
             (per_full_layer if kinds[i] == "full" else per_layer)
-            - (indexer_key_bytes(spec) if i in shared_indexer else 0)
+            - (indexer_key if i in shared_indexer else 0)
             for i in layers
             if kinds[i] in ATTENTION_KINDS
         )

@@ -141,6 +141,7 @@ def _parse(raw: Mapping[str, Any], *, model_id: str, checkpoint: Checkpoint, src
     kinds = _layer_kinds(r, layers)
     if nas is not None:  # a layer whose attention is a no-op caches nothing
         kinds = tuple("full" if group else "mlp" for group, _ in nas)
+    attention_kinds = kinds  # what each layer attends as, KV-shared ones included
     shared = min(r.integer("num_kv_shared_layers", default=0), layers - 1)
     if shared > 0:  # Gemma 4 / 3n: the last layers read an earlier layer's KV cache
         reads: LayerKind = "shared"
@@ -164,7 +165,7 @@ def _parse(raw: Mapping[str, Any], *, model_id: str, checkpoint: Checkpoint, src
     sparse = _sparse_attention(r, latent=kv_lora is not None)
     params = param_counts(
         r,
-        kinds=kinds,
+        kinds=attention_kinds,
         model_type=model_type,
         hidden=hidden,
         heads=heads,
@@ -175,6 +176,7 @@ def _parse(raw: Mapping[str, Any], *, model_id: str, checkpoint: Checkpoint, src
         inter=inter,
         layer_inter=tuple(width for _, width in nas) if nas is not None else None,
         shared_indexer=frozenset(sparse["indexer_shared_layers"]),
+        kv_shared=shared,
         vocab=vocab,
         tied=tied,
         n_experts=n_experts,

@@ -52,6 +52,7 @@ def param_counts(
     moe_inter: int,
     layer_inter: tuple[int, ...] | None = None,
     shared_indexer: frozenset[int] = frozenset(),
+    kv_shared: int = 0,
 ) -> ParamCounts:
     """Parameters by role, layer by layer, from the architecture alone.
 
@@ -60,7 +61,9 @@ def param_counts(
     the checkpoint has no v_proj, but vLLM's fused QKV keeps a V slot it loads K into: it is
     counted. Its MoE layers run a dense MLP beside the experts, as a shared expert.
     ``layer_inter``: each layer's own MLP width where they differ (Nemotron-NAS);
-    ``shared_indexer``: latent-attention layers without an indexer of their own (GLM-5.2)."""
+    ``shared_indexer``: latent-attention layers without an indexer of their own (GLM-5.2);
+    ``kv_shared``: the last layers, which read an earlier layer's KV cache (Gemma 4 / 3n),
+    ``kinds`` giving the attention type each has."""
     gated = model_type not in UNGATED_MLP
     mlp_mats = 3 if gated else 2
     biased = r.flag("attention_bias", False) or model_type in ("qwen2", "qwen2_moe", "qwen")
@@ -102,12 +105,11 @@ def param_counts(
         # Values may be narrower than queries and keys (MiMo-V2-Flash: v_head_dim 128 beside
         # 192): v_proj and o_proj at that width.
         v_dim = r.integer("v_head_dim", default=0)
-        v_of = {head_dim: v_dim or head_dim, full_head_dim: v_dim or full_head_dim}
         index_lin = 0
         attn = (
             hidden * (heads + kv_heads) * head_dim
-            + hidden * kv_heads * v_of[head_dim]
-            + heads * v_of[head_dim] * hidden
+            + hidden * kv_heads * (v_dim or head_dim)
+            + heads * (v_dim or head_dim) * hidden
         )
         # Qwen3-Next and Qwen3.5 gate the full-attention output: q_proj projects a gate
         # beside each query head (vLLM's qkv_proj: heads x (1 + attn_output_gate), the
@@ -116,8 +118,8 @@ def param_counts(
         q_heads = heads * (2 if gated_out else 1)
         full_attn = (
             hidden * (q_heads + full_kv_heads) * full_head_dim
-            + hidden * full_kv_heads * v_of[full_head_dim]
-            + heads * v_of[full_head_dim] * hidden
+            + hidden * full_kv_heads * (v_dim or full_head_dim)
+            + heads * (v_dim or full_head_dim) * hidden
         )
         attn_other = (heads + 2 * kv_heads) * head_dim if biased else 0
         replicated_attn = replicated_index = 0
@@ -143,15 +145,10 @@ def param_counts(
     expert_hidden = latent or hidden
     latent_proj = 2 * hidden * latent
     state_params = _state_layer_params(r, hidden)
-    # Gemma 4 / 3n: the attention type of each KV-shared layer (from layer_types), and the
-    # MLP of twice the width those layers have with use_double_wide_mlp.
-    types = r.cfg.get("layer_types")
-    shared_kinds = [
-        "full" if isinstance(types, list) and i < len(types) and types[i] == "full_attention"
-        else "sliding"
-        for i in range(len(kinds))
-    ]  # fmt: skip
+    # Gemma 4 / 3n: the MLP of twice the width the KV-shared layers have with
+    # use_double_wide_mlp.
     double_wide = r.flag("use_double_wide_mlp", False)
+    first_kv_shared = len(kinds) - kv_shared
     # Per-layer embeddings (Gemma 4 / 3n ``hidden_size_per_layer_input``): a second token
     # table of that width per layer, its projection from the hidden state, and in every
     # layer a gate and a projection back (ReplicatedLinear) with a norm.
@@ -166,19 +163,20 @@ def param_counts(
     for i, kind in enumerate(kinds):
         lin, exp, oth = 0, 0, norms_per_layer * hidden
         rep_lin = rep_oth = 0
-        if kind in ATTENTION_KINDS:
+        if kind in ATTENTION_KINDS and i >= first_kv_shared:
+            # K and V come from an earlier layer's cache: q_proj and o_proj only.
+            width = full_head_dim if kind == "full" else head_dim
+            lin += 2 * hidden * heads * width
+            oth += width if attn_other else 0  # q_norm
+            if double_wide:
+                lin += dense_mlp
+        elif kind in ATTENTION_KINDS:
             lin += full_attn if kind == "full" else attn
             oth += attn_other
             rep_lin, rep_oth = replicated_attn, replicated_index
             if i in shared_indexer:  # GLM-5.2: reuses an earlier layer's indexer
                 lin, rep_lin = lin - index_lin, rep_lin - index_lin
                 oth, rep_oth = oth - replicated_index, 0
-        elif kind == "shared":  # K and V come from an earlier layer: q_proj and o_proj
-            width = full_head_dim if shared_kinds[i] == "full" else head_dim
-            lin += 2 * hidden * heads * width
-            oth += width if attn_other else 0  # q_norm
-            if double_wide:
-                lin += dense_mlp
         elif kind in STATE_KINDS:
             lin += state_params[0]
             oth += state_params[1]
